@@ -1,0 +1,47 @@
+"""tree_rl: tree-structured rollouts for multi-turn LLM agent RL in JAX."""
+
+from setuptools import find_packages, setup
+
+# JAX 0.11 and flax 0.12.9+ need Python 3.12; Python 3.11 gets the last releases that support it.
+PY311 = "python_version < '3.12'"
+PY312 = "python_version >= '3.12'"
+
+setup(
+    name="tree_rl",
+    version="0.1.0",
+    description="Tree-structured rollouts (chain GRPO, Tree-GRPO, PATR) for multi-turn LLM agent RL",
+    packages=find_packages(include=["tree_rl", "tree_rl.*"]),
+    python_requires=">=3.11,<3.13",
+    install_requires=[
+        f"jax==0.10.2; {PY311}",
+        f"jaxlib==0.10.2; {PY311}",
+        f"flax==0.12.8; {PY311}",
+        f"jax==0.11.2; {PY312}",
+        f"jaxlib==0.11.2; {PY312}",
+        f"flax==0.12.10; {PY312}",
+        "optax==0.2.8",
+        "orbax-checkpoint==0.12.4",
+        "chex==0.1.92",
+        "ml-collections==1.1.0",
+        "absl-py==2.5.1",
+        "tensorflow-datasets==4.9.10",
+        "array-record==0.8.6",
+        "etils[epath]==1.15.0",
+        "transformers==5.17.0",
+        "tokenizers==0.23.3",
+        "safetensors==0.8.0",
+        "numpy>=2.0,<2.5",
+        "tqdm==4.70.1",
+        "tensorboardX==2.6.5",
+        "matplotlib==3.11.2",
+    ],
+    extras_require={
+        # torch pinned to the CPU build used by the HF parity tests and the peers.
+        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "hypothesis==6.170.17", "torch==2.13.0",
+                 "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0"],
+        # Accelerators: pip install -e '.[cuda12]' (or cuda13 / tpu) on top of the pins above.
+        "cuda12": ["jax[cuda12]"],
+        "cuda13": ["jax[cuda13]"],
+        "tpu": ["jax[tpu]"],
+    },
+)

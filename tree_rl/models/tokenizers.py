@@ -1,0 +1,155 @@
+"""Tokenizers behind one small interface: a local HF tokenizer, or the built-in one.
+
+The built-in tokenizer needs no download: special tokens, a fixed list of whole-word pieces
+for the FrozenLake and tool-call texts, and a byte fallback, so every string round-trips.
+Encoding is greedy longest match, deterministic and identical on every machine.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Sequence
+
+Message = dict  # {"role": ..., "content": ...}
+
+SPECIALS = ("<pad>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
+WORDS = (
+    # chat roles and markup
+    "system", "user", "assistant", "\n", "\n\n", " ", "```",
+    # FrozenLake
+    "Up", "Down", "Left", "Right", " Up", " Down", " Left", " Right", "||", " || ",
+    "P", "_", "O", "G", "X", "V", "You", " are", " on", " a", " frozen", " lake", " grid", ".",
+    " Reach", " the", " goal", " G", " without", " falling", " into", " hole", " O", " player", " P",
+    " Move", " move", ":", " steps", " step", " left", " remaining", "Remaining", "Action",
+    " fell", " reached", " Invalid", " action", "Invalid", " You", "Map", "map", ",",
+    # tool use / QA
+    "<search>", "</search>", "<answer>", "</answer>", "<think>", "</think>",
+    "<information>", "</information>", "Question", " Question", "Answer", " answer", " search",
+    " of", " is", " was", " what", "What", " who", "Who", " in", " by", " to", "?", "'s", " and",
+    "Fact", " fact", "Tool", " calls", " call", " no", "No", " results", " result", "Use",
+    " born", " capital", " founded", " located", " works", " for", " city", " country", " company",
+    " person", " river", " mother", " father", " spouse", " author", " director",
+)
+_RESERVED_TO = 512  # vocabulary padded to a round size with unused reserved tokens
+
+
+class Tokenizer(abc.ABC):
+  """encode/decode text, special ids, and chat rendering."""
+
+  vocab_size: int
+  eos_id: int
+  end_of_turn_id: int
+  pad_id: int
+
+  @abc.abstractmethod
+  def encode(self, text: str) -> list[int]:
+    ...
+
+  @abc.abstractmethod
+  def decode(self, ids: Sequence[int]) -> str:
+    ...
+
+  @abc.abstractmethod
+  def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+    ...
+
+  def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+    return self.encode(self.render_chat(messages, add_generation_prompt))
+
+  @property
+  def stop_ids(self) -> tuple[int, ...]:
+    """Token ids that end an agent turn."""
+    return tuple(sorted({self.eos_id, self.end_of_turn_id}))
+
+
+def _chatml(messages: Sequence[Message], add_generation_prompt: bool) -> str:
+  text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+  return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+class BuiltinTokenizer(Tokenizer):
+  """Specials, whole-word pieces, then the 256 bytes; ChatML chat format."""
+
+  def __init__(self, extra_words: Sequence[str] = ()):
+    pieces = list(SPECIALS) + list(dict.fromkeys(list(WORDS) + list(extra_words)))
+    self._pieces: list[str | bytes] = pieces + [bytes([b]) for b in range(256)]
+    self._byte_offset = len(pieces)
+    self._ids = {p: i for i, p in enumerate(pieces)}
+    self._max_len = max(len(p) for p in pieces)
+    self.vocab_size = max(_RESERVED_TO, -(-len(self._pieces) // 64) * 64)
+    self.pad_id, self.eos_id = 0, 1
+    self.end_of_turn_id = self._ids["<|im_end|>"]
+
+  def encode(self, text: str) -> list[int]:
+    ids, i = [], 0
+    while i < len(text):
+      for n in range(min(self._max_len, len(text) - i), 0, -1):
+        piece_id = self._ids.get(text[i:i + n])
+        if piece_id is not None:
+          ids.append(piece_id)
+          i += n
+          break
+      else:
+        ids.extend(self._byte_offset + b for b in text[i].encode("utf-8"))
+        i += 1
+    return ids
+
+  def decode(self, ids: Sequence[int]) -> str:
+    out, pending = [], bytearray()
+    for i in ids:
+      i = int(i)
+      piece = self._pieces[i] if i < len(self._pieces) else ""
+      if isinstance(piece, bytes):
+        pending.extend(piece)
+        continue
+      if pending:
+        out.append(pending.decode("utf-8", errors="replace"))
+        pending = bytearray()
+      out.append(piece)
+    if pending:
+      out.append(pending.decode("utf-8", errors="replace"))
+    return "".join(out)
+
+  def piece(self, token_id: int) -> str | bytes:
+    return self._pieces[token_id]
+
+  def render_chat(self, messages, add_generation_prompt=True):
+    return _chatml(messages, add_generation_prompt)
+
+
+class HFTokenizer(Tokenizer):
+  """A local HF tokenizer directory (no download, no remote code)."""
+
+  def __init__(self, path: str, end_of_turn: str | None = None):
+    from transformers import AutoTokenizer
+    self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    self.vocab_size = len(self._tok)
+    if self._tok.eos_token_id is None:
+      raise ValueError(f"tokenizer in {path} defines no eos token")
+    self.eos_id = self._tok.eos_token_id
+    eot = end_of_turn or ("<|im_end|>" if "<|im_end|>" in self._tok.get_vocab() else None)
+    self.end_of_turn_id = self._tok.convert_tokens_to_ids(eot) if eot else self.eos_id
+    self.pad_id = self._tok.pad_token_id if self._tok.pad_token_id is not None else self.eos_id
+
+  def encode(self, text):
+    return self._tok.encode(text, add_special_tokens=False)
+
+  def decode(self, ids):
+    return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+  def render_chat(self, messages, add_generation_prompt=True):
+    if self._tok.chat_template:
+      return self._tok.apply_chat_template(list(messages), tokenize=False,
+                                           add_generation_prompt=add_generation_prompt)
+    return _chatml(messages, add_generation_prompt)
+
+
+def make_tokenizer(kind: str = "builtin", path: str = "") -> Tokenizer:
+  """The tokenizer named by config.tokenizer: kind 'builtin' or 'hf' (path to a local directory)."""
+  if kind == "builtin":
+    return BuiltinTokenizer()
+  if kind == "hf":
+    if not path:
+      raise ValueError("config.tokenizer.path must name a local HF tokenizer directory when kind='hf'")
+    return HFTokenizer(path)
+  raise ValueError(f"unknown config.tokenizer.kind {kind!r}; known: builtin, hf")
