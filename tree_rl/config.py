@@ -92,3 +92,17 @@ def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Lock the field set: overriding a field that does not exist now raises."""
   config.lock()
   return config
+
+
+def parse_flags_or_exit(argv):
+  """absl flags parser for `app.run(main, flags_parser=...)`: a bad --config override
+  (unknown field, wrong type) prints one clear line and exits with status 2."""
+  import sys
+
+  from absl import flags
+  try:
+    return flags.FLAGS(argv)
+  except (AttributeError, KeyError, TypeError, ValueError, flags.Error) as e:
+    message = str(e).strip("'\"").replace("\\n", " ").replace("\\'", "'")
+    print(f"error: bad command-line flag or config override: {message}", file=sys.stderr)
+    sys.exit(2)

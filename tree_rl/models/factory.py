@@ -1,0 +1,41 @@
+"""Build the tokenizer and the policy model named by a config."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import nnx
+
+from tree_rl.models.config import PRESETS, ModelConfig
+from tree_rl.models.hf_io import load_hf_checkpoint
+from tree_rl.models.tokenizers import Tokenizer, make_tokenizer
+from tree_rl.models.transformer import Transformer
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def _dtype(name: str, field: str):
+  if name not in DTYPES:
+    raise ValueError(f"config.model.{field}={name!r}; choose one of {sorted(DTYPES)}")
+  return DTYPES[name]
+
+
+def build_tokenizer(config) -> Tokenizer:
+  """config.tokenizer: builtin, or a local HF directory (defaults to config.model.hf_path)."""
+  return make_tokenizer(config.tokenizer.kind, config.tokenizer.path or config.model.hf_path)
+
+
+def build_model(config, tokenizer: Tokenizer, seed: int = 0) -> tuple[Transformer, ModelConfig]:
+  """config.model.preset: tiny/small (random init sized to the tokenizer) or hf (local checkpoint)."""
+  m = config.model
+  dtype, param_dtype = _dtype(m.dtype, "dtype"), _dtype(m.param_dtype, "param_dtype")
+  if m.preset == "hf":
+    if not m.hf_path:
+      raise ValueError("config.model.hf_path must name a local HF checkpoint directory when preset=hf")
+    model, cfg = load_hf_checkpoint(m.hf_path, dtype=param_dtype, compute_dtype=dtype)
+    if cfg.vocab_size < tokenizer.vocab_size:
+      raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size}")
+    return model, cfg
+  if m.preset not in PRESETS:
+    raise ValueError(f"config.model.preset={m.preset!r}; choose one of {sorted(PRESETS) + ['hf']}")
+  cfg = PRESETS[m.preset](tokenizer.vocab_size)
+  return Transformer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(seed)), cfg
