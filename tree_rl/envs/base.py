@@ -1,0 +1,63 @@
+"""The environment interface (gymnax / jumanji style) and state snapshots.
+
+An environment is a Python object holding static set-up (capacities, token tables) with pure
+methods over pytrees:
+
+    params = env.default_params
+    state, obs = env.reset(key, params)
+    state, obs, reward, done, info = env.step(key, state, action, params)
+
+`state` and `params` are `flax.struct.dataclass` pytrees of arrays, so every method is jittable and
+vmappable, and a state can be snapshotted and restored: it is a pytree of immutable arrays, so a
+branch point of a rollout tree keeps a reference (or `snapshot` for a defensive device copy) and a
+branch continues with `env.step(key, snapshot, ...)`. `take(states, i)` picks one env of a batch
+and `repeat(state, n)` broadcasts one state into `n` branches.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+class Environment(abc.ABC):
+  """Pure-function environment: static set-up on the object, all mutable data in `state`."""
+
+  name: str = ""
+
+  @property
+  @abc.abstractmethod
+  def default_params(self) -> Any:
+    ...
+
+  @abc.abstractmethod
+  def reset(self, key: jax.Array, params: Any) -> tuple[Any, jax.Array]:
+    """-> (state, obs)."""
+
+  @abc.abstractmethod
+  def step(self, key: jax.Array, state: Any, action: jax.Array, params: Any
+           ) -> tuple[Any, jax.Array, jax.Array, jax.Array, dict]:
+    """-> (state, obs, reward, done, info). A done state stays put with reward 0."""
+
+
+def snapshot(state: Any) -> Any:
+  """A device copy of `state` (states are immutable, so keeping a reference is equally safe)."""
+  return jax.tree.map(jnp.copy, state)
+
+
+def restore(snap: Any) -> Any:
+  """The state to continue from; stepping it never changes `snap`."""
+  return snap
+
+
+def take(states: Any, index) -> Any:
+  """Env `index` of a batched state (index may be an int or an int array of branch sources)."""
+  return jax.tree.map(lambda x: x[index], states)
+
+
+def repeat(state: Any, n: int) -> Any:
+  """`n` copies of one (unbatched) state along a new leading axis: `n` branches of one node."""
+  return jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), state)
