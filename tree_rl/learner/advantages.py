@@ -1,0 +1,186 @@
+"""Advantage estimators behind one registry.
+
+Every estimator has the same signature::
+
+    fn(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6) -> advantages
+
+- rewards    float [N]  outcome reward of each trajectory (leaf)
+- prompt_ids int   [N]  which prompt the trajectory answers (any integers)
+- tree_ids   int   [N]  which tree of that prompt it belongs to (any integers; a chain is its own tree)
+- valid      bool  [N]  False for padding / dropped slots: they enter no statistic and get advantage 0
+- tree       optional `TreeStructure` for node-level estimators (the built-ins ignore it)
+- eps        the denominator guard of the std normalisation
+
+and returns float32 advantages [N] (per trajectory), or [num_nodes] for a node-level estimator.
+All built-ins are jittable: fixed-size arrays, masks and segment sums, no data-dependent shapes.
+
+Group statistics follow the public Tree-GRPO/verl convention: std is unbiased (n - 1), and a group
+with a single valid member uses mean 0 and std 1, so its advantage is r / (1 + eps).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+__all__ = ["TreeStructure", "register", "get", "names", "group_stats"]
+
+
+@struct.dataclass
+class TreeStructure:
+  """Node-level view of the trajectories, for estimators that assign per-node advantages.
+
+  parent   int [num_nodes]  parent node index (-1 for a root); parents precede children
+  leaf_node int [N]         the node where trajectory i ends
+  """
+
+  parent: jax.Array
+  leaf_node: jax.Array
+
+
+class Estimator(Protocol):
+
+  def __call__(self, rewards: jax.Array, prompt_ids: jax.Array, tree_ids: jax.Array,
+               valid: jax.Array, tree: TreeStructure | None = None, *,
+               eps: float = 1e-6) -> jax.Array:
+    ...
+
+
+_REGISTRY: dict[str, Estimator] = {}
+
+
+def register(name: str) -> Callable[[Estimator], Estimator]:
+  """Decorator: `@register("my_adv")` makes `get("my_adv")` (and config `learner.advantage`) find it."""
+  if not isinstance(name, str) or not name:
+    raise ValueError(f"advantage estimator name must be a non-empty string, got {name!r}")
+
+  def deco(fn: Estimator) -> Estimator:
+    _REGISTRY[name] = fn
+    return fn
+
+  return deco
+
+
+def get(name: str) -> Estimator:
+  """The estimator registered under `name`; an unknown name raises with the known ones."""
+  try:
+    return _REGISTRY[name]
+  except KeyError:
+    raise KeyError(f"unknown advantage estimator {name!r}; known: {names()}") from None
+
+
+def names() -> list[str]:
+  """Sorted names of every registered estimator (used by config validation)."""
+  return sorted(_REGISTRY)
+
+
+# ---------------------------------------------------------------------------------------------
+# Segment helpers.
+
+
+def dense_ids(ids: jax.Array, valid: jax.Array) -> jax.Array:
+  """Map arbitrary integer ids to 0..N-1 (same id -> same index); invalid slots get index N-1
+  or a shared one, which is harmless because they are masked out of every sum."""
+  n = ids.shape[0]
+  _, inverse = jnp.unique(jnp.where(valid, ids, jnp.iinfo(jnp.int32).max), return_inverse=True,
+                          size=n, fill_value=jnp.iinfo(jnp.int32).max)
+  return inverse.reshape(n).astype(jnp.int32)
+
+
+def group_stats(values: jax.Array, groups: jax.Array, valid: jax.Array):
+  """Per-member (mean, unbiased std, count) of its group over valid members; groups in [0, N).
+
+  A group with one valid member gets mean 0 and std 1 (the public-code convention).
+  """
+  n = values.shape[0]
+  w = valid.astype(jnp.float32)
+  x = jnp.where(valid, values.astype(jnp.float32), 0.0)
+  count = jax.ops.segment_sum(w, groups, num_segments=n)
+  total = jax.ops.segment_sum(x, groups, num_segments=n)
+  mean_g = total / jnp.maximum(count, 1.0)
+  dev = jnp.where(valid, x - mean_g[groups], 0.0)
+  ss = jax.ops.segment_sum(dev * dev, groups, num_segments=n)
+  std_g = jnp.sqrt(ss / jnp.maximum(count - 1.0, 1.0))
+  single = count <= 1.0
+  mean_g = jnp.where(single, 0.0, mean_g)
+  std_g = jnp.where(single, 1.0, std_g)
+  return mean_g[groups], std_g[groups], count[groups]
+
+
+def _normalise(values, groups, valid, eps, *, use_std=True):
+  mean, std, _ = group_stats(values, groups, valid)
+  adv = (values - mean) / (std + eps) if use_std else values - mean
+  return jnp.where(valid, adv, 0.0).astype(jnp.float32)
+
+
+def _prompt_groups(prompt_ids, valid):
+  return dense_ids(prompt_ids, valid)
+
+
+def _tree_groups(prompt_ids, tree_ids, valid):
+  n = prompt_ids.shape[0]
+  p = dense_ids(prompt_ids, valid)
+  t = dense_ids(tree_ids, valid)
+  return dense_ids(p * n + t, valid)
+
+
+# ---------------------------------------------------------------------------------------------
+# Built-in estimators.
+
+
+@register("grpo")
+def grpo(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
+  """(r - mean_P) / (std_P + eps) over all trajectories of the same prompt."""
+  del tree_ids, tree
+  return _normalise(rewards, _prompt_groups(prompt_ids, valid), valid, eps)
+
+
+@register("drgrpo")
+def drgrpo(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
+  """Dr. GRPO: r - mean_P, no std division (a single-member group keeps r)."""
+  del tree_ids, tree, eps
+  return _normalise(rewards, _prompt_groups(prompt_ids, valid), valid, 0.0, use_std=False)
+
+
+@register("rloo")
+def rloo(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
+  """r_i - mean of the other valid trajectories of the same prompt (baseline 0 when alone)."""
+  del tree_ids, tree, eps
+  n = rewards.shape[0]
+  groups = _prompt_groups(prompt_ids, valid)
+  r = jnp.where(valid, rewards.astype(jnp.float32), 0.0)
+  count = jax.ops.segment_sum(valid.astype(jnp.float32), groups, num_segments=n)[groups]
+  total = jax.ops.segment_sum(r, groups, num_segments=n)[groups]
+  baseline = jnp.where(count > 1.0, (total - r) / jnp.maximum(count - 1.0, 1.0), 0.0)
+  return jnp.where(valid, r - baseline, 0.0)
+
+
+@register("tree_inter")
+def tree_inter(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
+  """Tree-GRPO A_inter: normalised over all leaves of the same prompt (same as grpo)."""
+  return grpo(rewards, prompt_ids, tree_ids, valid, tree, eps=eps)
+
+
+@register("tree_intra")
+def tree_intra(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
+  """Tree-GRPO A_intra: normalised over the leaves of the same tree of the same prompt."""
+  del tree
+  return _normalise(rewards, _tree_groups(prompt_ids, tree_ids, valid), valid, eps)
+
+
+@register("tree_grpo")
+def tree_grpo(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
+  """Tree-GRPO: A = A_intra + A_inter."""
+  return (tree_intra(rewards, prompt_ids, tree_ids, valid, tree, eps=eps)
+          + tree_inter(rewards, prompt_ids, tree_ids, valid, tree, eps=eps))
+
+
+@register("tree_2norm")
+def tree_2norm(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
+  """Normalise over the prompt, then re-normalise those values within each tree."""
+  del tree
+  first = _normalise(rewards, _prompt_groups(prompt_ids, valid), valid, eps)
+  return _normalise(first, _tree_groups(prompt_ids, tree_ids, valid), valid, eps)

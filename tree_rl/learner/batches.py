@@ -1,0 +1,296 @@
+"""Training batch formats and the converters from a tree description.
+
+Two device formats, both `flax.struct` dataclasses of arrays (jax pytrees):
+
+`LeafBatch` -- one row per trajectory (leaf), shared prefixes repeated in every row:
+  tokens     int32 [N, T]   root-to-leaf tokens, right-padded
+  loss_mask  bool  [N, T]   True on the policy's own tokens (never prompt/observation/padding;
+                            never column 0, which has no context)
+  old_logp   f32   [N, T]   log p_old(tokens[t] | tokens[:t]) from the sampling policy
+  ref_logp   f32   [N, T]   the same under the frozen reference policy (zeros when KL is off)
+  advantages f32   [N]      per-trajectory advantage
+  group_ids  int32 [N]      group (prompt) id, for the 'traj_mean_group_mean' aggregation
+
+`PackedBatch` -- each tree node's tokens once, several trees per row:
+  tokens      int32 [B, T]     packed tokens (parents before children), 0 on padding
+  positions   int32 [B, T]     position of the token in its root-to-leaf path (RoPE position)
+  pred_index  int32 [B, T]     packed index of the token's predecessor on its path: the logits
+                               there predict this token (a node's first token points at the
+                               last token of its parent)
+  node_ids    int32 [B, T]     row-local node index of each token, -1 on padding
+  ancestors   bool  [B, M, M]  ancestors[b, i, j]: node j is node i or one of its ancestors
+  old_logp, ref_logp f32 [B, T] as above, aligned with `tokens`
+  pos_weight  f32   [B, T]     sum over valid leaves below the token with A > 0 of w_leaf * A
+  neg_weight  f32   [B, T]     sum over valid leaves below the token with A < 0 of w_leaf * |A|
+  weight      f32   [B, T]     sum over valid leaves below the token of w_leaf (KL/entropy weight)
+  loss_mask   bool  [B, T]
+w_leaf is the aggregation's per-token weight of that leaf (`losses.leaf_token_weights`), so the
+packed loss is exactly the per-leaf loss; see `losses`.
+
+The host-side tree description is `Tree` (numpy): node parent array, per-node token spans into a
+flat token array, per-token loss mask and log-probs, per-leaf advantages and a group id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from tree_rl.learner.losses import check_aggregation
+
+
+@struct.dataclass
+class LeafBatch:
+  tokens: jax.Array
+  loss_mask: jax.Array
+  old_logp: jax.Array
+  ref_logp: jax.Array
+  advantages: jax.Array
+  group_ids: jax.Array
+
+
+@struct.dataclass
+class PackedBatch:
+  tokens: jax.Array
+  positions: jax.Array
+  pred_index: jax.Array
+  node_ids: jax.Array
+  ancestors: jax.Array
+  old_logp: jax.Array
+  ref_logp: jax.Array
+  pos_weight: jax.Array
+  neg_weight: jax.Array
+  weight: jax.Array
+  loss_mask: jax.Array
+
+
+@dataclasses.dataclass
+class Tree:
+  """One rollout tree on the host.
+
+  parent         int [n]     parent node (-1 for the root; parent[i] < i, one root at node 0)
+  spans          int [n, 2]  [start, end) of node i's tokens in `tokens`
+  tokens         int [L]
+  loss_mask      bool [L]    True on the policy's own tokens
+  old_logp       f32 [L]     log-prob of each token given its root-to-node context (sampling policy)
+  advantages     f32 [n]     advantage of each leaf (read at leaves only)
+  ref_logp       f32 [L]     reference policy's log-probs (None: zeros)
+  group_id       int         prompt id of the tree
+  leaf_valid     bool [n]    leaves to train on (None: every leaf)
+  """
+
+  parent: np.ndarray
+  spans: np.ndarray
+  tokens: np.ndarray
+  loss_mask: np.ndarray
+  old_logp: np.ndarray
+  advantages: np.ndarray
+  ref_logp: np.ndarray | None = None
+  group_id: int = 0
+  leaf_valid: np.ndarray | None = None
+
+  def __post_init__(self):
+    self.parent = np.asarray(self.parent, np.int64)
+    self.spans = np.asarray(self.spans, np.int64).reshape(-1, 2)
+    n = len(self.parent)
+    if n == 0 or self.parent[0] != -1 or np.any(self.parent[1:] < 0) or np.any(
+        self.parent[1:] >= np.arange(1, n)):
+      raise ValueError("Tree.parent must have the root at node 0 (-1) and parent[i] < i for i > 0")
+    if self.spans.shape[0] != n:
+      raise ValueError(f"Tree.spans has {self.spans.shape[0]} rows for {n} nodes")
+    length = len(self.tokens)
+    for name in ("loss_mask", "old_logp") + (("ref_logp",) if self.ref_logp is not None else ()):
+      if len(getattr(self, name)) != length:
+        raise ValueError(f"Tree.{name} has length {len(getattr(self, name))}, tokens {length}")
+    if len(self.advantages) != n:
+      raise ValueError(f"Tree.advantages needs one value per node ({n}), got {len(self.advantages)}")
+    if np.any(self.spans[:, 0] > self.spans[:, 1]) or np.any(self.spans < 0) or np.any(
+        self.spans > length):
+      raise ValueError("Tree.spans must be [start, end) ranges inside tokens")
+    if self.spans[0, 1] > self.spans[0, 0] and self.loss_mask[self.spans[0, 0]]:
+      raise ValueError("Tree.loss_mask must be False on the root's first token (it has no context)")
+
+  @property
+  def num_nodes(self) -> int:
+    return len(self.parent)
+
+  def leaves(self) -> np.ndarray:
+    has_child = np.zeros(self.num_nodes, bool)
+    has_child[self.parent[1:]] = True
+    leaf = ~has_child
+    if self.leaf_valid is not None:
+      leaf &= np.asarray(self.leaf_valid, bool)
+    return np.nonzero(leaf)[0]
+
+  def path(self, node: int) -> list[int]:
+    out = []
+    while node >= 0:
+      out.append(int(node))
+      node = self.parent[node]
+    return out[::-1]
+
+  def node_slice(self, node: int) -> slice:
+    return slice(int(self.spans[node, 0]), int(self.spans[node, 1]))
+
+  def path_tokens(self, node: int) -> np.ndarray:
+    """Indices into the flat arrays of the tokens on the root-to-node path, in order."""
+    parts = [np.arange(*self.spans[i]) for i in self.path(node)]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _ref(tree: Tree) -> np.ndarray:
+  return tree.ref_logp if tree.ref_logp is not None else np.zeros(len(tree.tokens), np.float32)
+
+
+def leaf_batch(trees: list[Tree], seq_len: int, rows: int | None = None) -> LeafBatch:
+  """Materialise every valid leaf of `trees` as its own row (the per-leaf format).
+
+  `rows` pads the batch with empty rows (all-False loss mask) to a fixed row count.
+  """
+  items = [(t, leaf) for t in trees for leaf in t.leaves()]
+  n = rows if rows is not None else len(items)
+  if len(items) > n:
+    raise ValueError(f"leaf_batch: {len(items)} leaves do not fit rows={n}")
+  tokens = np.zeros((n, seq_len), np.int32)
+  mask = np.zeros((n, seq_len), bool)
+  old = np.zeros((n, seq_len), np.float32)
+  ref = np.zeros((n, seq_len), np.float32)
+  adv = np.zeros(n, np.float32)
+  gid = np.zeros(n, np.int32)
+  for r, (t, leaf) in enumerate(items):
+    idx = t.path_tokens(leaf)
+    if len(idx) > seq_len:
+      raise ValueError(f"leaf_batch: a leaf has {len(idx)} tokens > seq_len={seq_len}")
+    k = len(idx)
+    tokens[r, :k] = t.tokens[idx]
+    mask[r, :k] = t.loss_mask[idx]
+    old[r, :k] = t.old_logp[idx]
+    ref[r, :k] = _ref(t)[idx]
+    adv[r] = t.advantages[leaf]
+    gid[r] = t.group_id
+  return LeafBatch(tokens=tokens, loss_mask=mask, old_logp=old, ref_logp=ref, advantages=adv,
+                   group_ids=gid)
+
+
+def _leaf_weights(trees: list[Tree], aggregation: str) -> list[dict[int, float]]:
+  """Per tree, {leaf: w_leaf} for the aggregation, matching `losses.leaf_token_weights`."""
+  check_aggregation(aggregation)
+  lengths = [{int(l): float(t.loss_mask[t.path_tokens(l)].sum()) for l in t.leaves()} for t in trees]
+  valid = [{l: n for l, n in d.items() if n > 0} for d in lengths]
+  total_tokens = sum(sum(d.values()) for d in valid)
+  num_valid = sum(len(d) for d in valid)
+  group_size: dict[int, int] = {}
+  for t, d in zip(trees, valid):
+    group_size[t.group_id] = group_size.get(t.group_id, 0) + len(d)
+  num_groups = sum(1 for s in group_size.values() if s > 0)
+  out = []
+  for t, d in zip(trees, valid):
+    w = {}
+    for leaf, n in d.items():
+      if aggregation == "token_sum":
+        w[leaf] = 1.0
+      elif aggregation == "token_mean":
+        w[leaf] = 1.0 / total_tokens
+      elif aggregation == "traj_mean":
+        w[leaf] = 1.0 / (n * num_valid)
+      else:
+        w[leaf] = 1.0 / (n * group_size[t.group_id] * num_groups)
+    out.append(w)
+  return out
+
+
+def pack_trees(trees: list[Tree], seq_len: int, max_nodes: int, *, aggregation: str = "traj_mean",
+               rows: int | None = None) -> PackedBatch:
+  """Pack trees (whole trees, first fit, in order) into rows of `seq_len` tokens and at most
+  `max_nodes` nodes; `rows` pads to a fixed row count. Weights follow `aggregation` over all the
+  valid leaves given, exactly as `leaf_batch` + `losses.leaf_token_weights` would weigh them."""
+  leaf_w = _leaf_weights(trees, aggregation)
+  placed: list[list[int]] = []
+  used: list[tuple[int, int]] = []
+  for i, t in enumerate(trees):
+    size, nodes = len(t.tokens), t.num_nodes
+    if size > seq_len or nodes > max_nodes:
+      raise ValueError(f"pack_trees: tree {i} has {size} tokens / {nodes} nodes; "
+                       f"seq_len={seq_len}, max_nodes={max_nodes}")
+    for r, (tok, nod) in enumerate(used):
+      if tok + size <= seq_len and nod + nodes <= max_nodes:
+        placed[r].append(i)
+        used[r] = (tok + size, nod + nodes)
+        break
+    else:
+      placed.append([i])
+      used.append((size, nodes))
+  b = rows if rows is not None else len(placed)
+  if len(placed) > b:
+    raise ValueError(f"pack_trees: the trees need {len(placed)} rows > rows={b}")
+  f32 = lambda: np.zeros((b, seq_len), np.float32)
+  tokens = np.zeros((b, seq_len), np.int32)
+  positions = np.zeros((b, seq_len), np.int32)
+  pred = np.tile(np.arange(seq_len, dtype=np.int32), (b, 1))
+  node_ids = np.full((b, seq_len), -1, np.int32)
+  anc = np.zeros((b, max_nodes, max_nodes), bool)
+  old, ref, pos_w, neg_w, wt = f32(), f32(), f32(), f32(), f32()
+  mask = np.zeros((b, seq_len), bool)
+  for r, members in enumerate(placed):
+    cursor, node_base = 0, 0
+    for i in members:
+      t, w = trees[i], leaf_w[i]
+      n = t.num_nodes
+      # Per-node sums over the valid leaves below it.
+      node_w, node_p, node_n = np.zeros(n), np.zeros(n), np.zeros(n)
+      for leaf, wl in w.items():
+        a = float(t.advantages[leaf])
+        for node in t.path(leaf):
+          node_w[node] += wl
+          node_p[node] += wl * max(a, 0.0)
+          node_n[node] += wl * max(-a, 0.0)
+      start = np.zeros(n, np.int64)   # packed start of each node's tokens
+      depth = np.zeros(n, np.int64)   # path position of each node's first token
+      last = np.full(n, -1, np.int64)  # packed index of the last token on the root-to-node path
+      for node in range(n):
+        p = t.parent[node]
+        sl = t.node_slice(node)
+        k = sl.stop - sl.start
+        start[node] = cursor
+        depth[node] = 0 if p < 0 else depth[p] + (t.spans[p, 1] - t.spans[p, 0])
+        prev = -1 if p < 0 else last[p]
+        cols = slice(cursor, cursor + k)
+        tokens[r, cols] = t.tokens[sl]
+        positions[r, cols] = depth[node] + np.arange(k)
+        pred[r, cols] = np.concatenate([[cursor if prev < 0 else prev], cursor + np.arange(k - 1)]
+                                       )[:k] if k else []
+        node_ids[r, cols] = node_base + node
+        m = t.loss_mask[sl]
+        mask[r, cols] = m
+        old[r, cols] = t.old_logp[sl]
+        ref[r, cols] = _ref(t)[sl]
+        pos_w[r, cols] = m * node_p[node]
+        neg_w[r, cols] = m * node_n[node]
+        wt[r, cols] = m * node_w[node]
+        last[node] = cursor + k - 1 if k else prev
+        anc[r, node_base + node, node_base + node] = True
+        if p >= 0:
+          anc[r, node_base + node] |= anc[r, node_base + p]
+        cursor += k
+      node_base += n
+  return PackedBatch(tokens=tokens, positions=positions, pred_index=pred, node_ids=node_ids,
+                     ancestors=anc, old_logp=old, ref_logp=ref, pos_weight=pos_w,
+                     neg_weight=neg_w, weight=wt, loss_mask=mask)
+
+
+def packed_attention_mask(node_ids: jax.Array, ancestors: jax.Array) -> jax.Array:
+  """[B, T, T] bool: query q sees key k iff k <= q and k's node is q's node or an ancestor.
+  Padding tokens see only themselves."""
+  t = node_ids.shape[1]
+  nid = jnp.maximum(node_ids, 0)
+  rows = jnp.take_along_axis(ancestors, nid[:, :, None], axis=1)          # [B, T, M]
+  vis = jnp.take_along_axis(rows, jnp.broadcast_to(nid[:, None, :], rows.shape[:2] + (t,)),
+                            axis=2)                                         # [B, T, T]
+  real = node_ids >= 0
+  causal = jnp.tril(jnp.ones((t, t), bool))
+  vis = vis & causal & real[:, :, None] & real[:, None, :]
+  return vis | (jnp.eye(t, dtype=bool) & ~real[:, :, None])

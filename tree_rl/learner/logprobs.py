@@ -1,0 +1,117 @@
+"""Per-token log-probabilities (and entropies) of a batch under the model.
+
+Attention: a causal batch can use `jax.nn.dot_product_attention` (cuDNN flash attention on GPU);
+an arbitrary mask (tree-packed rows) uses the model's einsum `dense_attention`.
+Remat: 'none', 'full' (recompute each layer in the backward pass) or 'dots' (keep matmul
+outputs). Logits: with `logits_chunk > 0` the vocabulary projection and log-softmax run over
+sequence chunks, each recomputed in the backward pass, so the [B, T, V] float32 logits are
+never held at once (the 151,936-token vocabulary of Qwen2.5 makes them gigabytes).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from tree_rl.models.transformer import Transformer, dense_attention, rope_inverse_frequencies
+
+ATTENTION = ("auto", "einsum", "xla", "cudnn")
+REMAT = ("none", "full", "dots")
+
+
+def make_attend(implementation: str, mask: jax.Array | None):
+  """An `attend` hook: causal flash/xla attention when `mask` is None, else masked einsum."""
+  if implementation not in ATTENTION:
+    raise ValueError(f"learner.attention={implementation!r}; known: {ATTENTION}")
+  impl = implementation
+  if impl == "auto":
+    impl = "cudnn" if (mask is None and jax.default_backend() == "gpu") else "einsum"
+  if mask is not None or impl == "einsum":
+    def attend(i, q, k, v, state):
+      m = mask
+      if m is None:
+        b, t = q.shape[:2]
+        m = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+      return dense_attention(q, k, v, m), state
+    return attend
+
+  def attend(i, q, k, v, state):
+    out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+    return out.astype(q.dtype), state
+  return attend
+
+
+def hidden_states(model: Transformer, tokens, positions, attend, remat: str = "none"):
+  """Final hidden states [B, T, E]; with remat, each layer is a `jax.checkpoint` block."""
+  if remat not in REMAT:
+    raise ValueError(f"learner.remat={remat!r}; known: {REMAT}")
+  if remat == "none":
+    return model.forward(tokens, positions, attend)[0]
+  policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == "dots"
+            else jax.checkpoint_policies.nothing_saveable)
+  dtype = model.dtype
+  inv_freq = rope_inverse_frequencies(model.cfg)
+  x = jnp.take(model.embed[...], tokens, axis=0).astype(dtype)
+  for i, layer in enumerate(model.layers):
+    graph, state = nnx.split(layer)
+
+    def block(state, x, positions, i=i, graph=graph):
+      layer = nnx.merge(graph, state)
+      q, k, v = layer.attn.project(layer.input_norm(x), positions, inv_freq, dtype)
+      attn, _ = attend(i, q, k, v, None)
+      x = x + layer.attn.output(attn, dtype)
+      return x + layer.mlp(layer.post_attn_norm(x), dtype)
+
+    x = jax.checkpoint(block, policy=policy)(state, x, positions)
+  return model.final_norm(x)
+
+
+def _chunk_stats(model, h, targets, with_entropy):
+  logits = model.logits(h)                                      # [..., V] float32
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  tgt = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  logp = tgt - lse
+  if not with_entropy:
+    return logp, jnp.zeros_like(logp)
+  probs = jnp.exp(logits - lse[..., None])
+  return logp, lse - jnp.sum(probs * logits, axis=-1)
+
+
+def target_logprobs(model: Transformer, hidden, targets, *, chunk: int = 0,
+                    with_entropy: bool = False):
+  """log p(targets | hidden) and entropy per position; hidden [B, T, E], targets [B, T]."""
+  if chunk <= 0 or chunk >= hidden.shape[1]:
+    return _chunk_stats(model, hidden, targets, with_entropy)
+  b, t, e = hidden.shape
+  n = -(-t // chunk)
+  pad = n * chunk - t
+  h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, e).swapaxes(0, 1)
+  y = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
+  fn = jax.checkpoint(functools.partial(_chunk_stats, model, with_entropy=with_entropy))
+  logp, ent = jax.lax.map(lambda xs: fn(*xs), (h, y))
+  unchunk = lambda a: a.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
+  return unchunk(logp), unchunk(ent)
+
+
+def sequence_logprobs(model: Transformer, tokens, *, positions=None, pred_index=None,
+                      attention_mask=None, attention="auto", remat="none", logits_chunk=0,
+                      with_entropy=False):
+  """log p(tokens[b, t] | its context) [B, T] (and entropy [B, T]) aligned with `tokens`.
+
+  Without `pred_index` the context is tokens[b, :t] (column 0 gets a meaningless value, which
+  the loss mask excludes); with it, the logits at pred_index[b, t] predict tokens[b, t]
+  (tree-packed rows).
+  """
+  b, t = tokens.shape
+  if positions is None:
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  attend = make_attend(attention, attention_mask)
+  hidden = hidden_states(model, tokens, positions, attend, remat)
+  if pred_index is None:
+    prev = jnp.concatenate([hidden[:, :1], hidden[:, :-1]], axis=1)
+  else:
+    prev = jnp.take_along_axis(hidden, pred_index[..., None].astype(jnp.int32), axis=1)
+  return target_logprobs(model, prev, tokens, chunk=logits_chunk, with_entropy=with_entropy)

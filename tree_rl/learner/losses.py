@@ -1,0 +1,145 @@
+"""Clipped policy-gradient loss with KL to a reference policy and an optional entropy bonus.
+
+Every aggregation mode is a weighted token sum: trajectory i's token t carries a weight w_it
+(`leaf_token_weights`) and the loss is
+
+    sum_it w_it * [ -min(rho A_i, clip(rho) A_i) + kl_coef * k3_t - entropy_coef * H_t ]
+
+with rho = exp(logp - old_logp) and clip(rho) = clip(rho, 1 - clip_low, 1 + clip_high). Because
+min(rho A, clip(rho) A) = A min(rho, clip(rho)) for A > 0 and A max(rho, clip(rho)) for A < 0, the
+advantage enters only through two per-token weights, pos = sum w A over A > 0 and neg = sum w |A|
+over A < 0. `weighted_policy_loss` works on those weights, so a tree-packed token shared by many
+leaves carries the sums over its leaves and gives the same loss and gradient as the leaves
+trained one by one.
+
+Aggregation modes (`AGGREGATIONS`):
+- traj_mean             1/|tau_i| over the trajectory's loss tokens, then mean over valid trajectories
+- traj_mean_group_mean  1/|tau_i| per trajectory, mean within each group, then mean over groups
+                        (REFERENCE 2: 1/G sum_i 1/|tau_i| sum_t ..., for one or more equal groups)
+- token_mean            mean over every loss token of the batch
+- token_sum             plain sum over loss tokens
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from tree_rl.learner.advantages import dense_ids
+
+AGGREGATIONS = ("traj_mean", "traj_mean_group_mean", "token_mean", "token_sum")
+
+
+def check_aggregation(aggregation: str) -> None:
+  if aggregation not in AGGREGATIONS:
+    raise ValueError(f"learner.aggregation={aggregation!r} is not known; known: {AGGREGATIONS}")
+
+
+def leaf_token_weights(loss_mask: jax.Array, group_ids: jax.Array | None,
+                       aggregation: str) -> jax.Array:
+  """Per-token weights w [N, T] of the per-trajectory aggregation (0 outside `loss_mask`)."""
+  check_aggregation(aggregation)
+  mask = loss_mask.astype(jnp.float32)
+  n = mask.shape[0]
+  lengths = mask.sum(axis=1)
+  valid = lengths > 0
+  if aggregation == "token_sum":
+    return mask
+  if aggregation == "token_mean":
+    return mask / jnp.maximum(mask.sum(), 1.0)
+  per_token = mask / jnp.maximum(lengths, 1.0)[:, None]
+  if aggregation == "traj_mean":
+    return per_token / jnp.maximum(valid.sum(), 1.0)
+  if group_ids is None:
+    raise ValueError("aggregation 'traj_mean_group_mean' needs group_ids")
+  groups = dense_ids(group_ids, valid)
+  size = jax.ops.segment_sum(valid.astype(jnp.float32), groups, num_segments=n)
+  num_groups = jnp.maximum((size > 0).sum(), 1)
+  scale = 1.0 / (jnp.maximum(size[groups], 1.0) * num_groups)
+  return per_token * jnp.where(valid, scale, 0.0)[:, None]
+
+
+def split_by_sign(advantages: jax.Array, weights: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(pos, neg) token weights: w * max(A, 0) and w * max(-A, 0); A is [N] or [N, T]."""
+  adv = advantages.astype(jnp.float32)
+  if adv.ndim == 1:
+    adv = adv[:, None]
+  return weights * jnp.maximum(adv, 0.0), weights * jnp.maximum(-adv, 0.0)
+
+
+def k3(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
+  """k3 estimator of KL(pi || ref) per token: exp(ref - logp) - (ref - logp) - 1."""
+  d = ref_logp - logp
+  return jnp.exp(d) - d - 1.0
+
+
+def weighted_policy_loss(logp, old_logp, pos_weight, neg_weight, weight, *, ref_logp=None,
+                         entropy=None, clip_low=0.2, clip_high=0.2, kl_coef=0.0,
+                         entropy_coef=0.0):
+  """Loss and additive statistics from per-token weights (see module docstring).
+
+  All arrays share one shape. Returns (loss, stats); stats are sums (and max/min) that add up
+  across micro-batches; `finalize_metrics(stats)` turns them into means.
+  """
+  logp = logp.astype(jnp.float32)
+  log_ratio = logp - old_logp.astype(jnp.float32)
+  ratio = jnp.exp(log_ratio)
+  clipped = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+  pg = -pos_weight * jnp.minimum(ratio, clipped) + neg_weight * jnp.maximum(ratio, clipped)
+  pg_loss = pg.sum()
+  loss = pg_loss
+  active = weight > 0
+  w = jax.lax.stop_gradient(weight)
+  stats = {
+      "pg_loss": pg_loss,
+      "weight_sum": w.sum(),
+      "tokens": active.sum().astype(jnp.float32),
+      "clip_frac": (w * ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high))).sum(),
+      "ratio_mean": (w * ratio).sum(),
+      "ratio_max": jnp.where(active, ratio, -jnp.inf).max(),
+      "ratio_min": jnp.where(active, ratio, jnp.inf).min(),
+      "approx_kl_old": (w * -log_ratio).sum(),
+  }
+  if ref_logp is not None:
+    kl = k3(logp, ref_logp.astype(jnp.float32))
+    kl_loss = (weight * kl).sum()
+    loss = loss + kl_coef * kl_loss
+    stats["kl"] = kl_loss
+  if entropy is not None:
+    ent = (weight * entropy).sum()
+    if entropy_coef:
+      loss = loss - entropy_coef * ent
+    stats["entropy"] = ent
+  stats = {k: jax.lax.stop_gradient(v) for k, v in stats.items()}
+  return loss, stats
+
+
+_MEANS = ("clip_frac", "ratio_mean", "approx_kl_old", "kl", "entropy")
+
+
+def finalize_metrics(stats: dict) -> dict:
+  """Weighted sums -> weighted means (clip fraction, ratio mean, KL, entropy)."""
+  out = dict(stats)
+  denom = jnp.maximum(stats["weight_sum"], 1e-30)
+  for k in _MEANS:
+    if k in out:
+      out[k] = stats[k] / denom
+  return out
+
+
+def policy_loss(logp, old_logp, advantages, loss_mask, *, group_ids=None, ref_logp=None,
+                entropy=None, aggregation="traj_mean", clip_low=0.2, clip_high=0.2,
+                kl_coef=0.0, entropy_coef=0.0):
+  """Per-trajectory clipped objective; returns (loss, metrics).
+
+  logp, old_logp, ref_logp, entropy: [N, T] log-probabilities of token t under the current,
+  sampling and reference policies and the current policy's entropy at t; advantages [N] (or
+  [N, T]); loss_mask [N, T] True on the policy's own tokens (prompt and observation tokens
+  False); group_ids [N] for 'traj_mean_group_mean'.
+  """
+  w = leaf_token_weights(loss_mask, group_ids, aggregation)
+  pos, neg = split_by_sign(advantages, w)
+  loss, stats = weighted_policy_loss(logp, old_logp, pos, neg, w, ref_logp=ref_logp,
+                                     entropy=entropy, clip_low=clip_low, clip_high=clip_high,
+                                     kl_coef=kl_coef, entropy_coef=entropy_coef)
+  return loss, finalize_metrics(stats)
