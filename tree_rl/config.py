@@ -66,15 +66,72 @@ def base_config() -> ml_collections.ConfigDict:
       temperature=1.0,
       top_k=0,                  # 0 disables top-k
       top_p=1.0,
+      max_turns=10,             # agent turns per trajectory (tree depth limit)
+      group_size=8,             # chain: trajectories per prompt (G)
+      num_trees=2,              # tree_grpo: trees per prompt (M)
+      expand_nodes=2,           # tree_grpo: expansion nodes per tree per iteration (N)
+      expand_iterations=1,      # tree_grpo: expansion iterations (L); leaves = M * (L * N + 1)
+      keep_leaves=0,            # tree_grpo: random leaves kept per tree (K); 0 keeps all
+      initial_branches=4,       # patr / tree_random: branches started per prompt (B0)
+      expand_children=2,        # patr / tree_random: children of an expanded branch (M)
+      score_every=5,            # patr / tree_random: agent steps between scoring rounds (K)
+      expand_top_k=2,           # patr / tree_random: branches expanded per scoring round
+      prune_alpha=0.5,          # patr / tree_random: prune s < median(active s) - alpha
+      prune_repeat=6,           # patr / tree_random: prune after the same action Theta times; 0 off
+      keep_pruned=True,         # patr / tree_random: pruned branches stay in the group (else dropped)
+      max_branches=16,          # patr / tree_random: cap on branches started per prompt
+      budget=0,                 # per-prompt budget in budget_unit; 0 = unlimited
+      budget_unit="generated",  # generated | computed (generated + prefilled) | tool_calls | env_steps
+  )
+  c.scorer = dict(
+      name="heuristic",         # process scorer: heuristic | judge | prm | random | a registered name
+      judge_template="",        # judge prompt with a {trajectory} slot; "" = built-in template
+      judge_context_tokens=256, # last tokens of the partial trajectory shown to the judge
+      judge_max_tokens=8,       # tokens the judge may write
+      judge_scale=10.0,         # the judge's number is divided by this
+      judge_lambda=0.5,         # s = lambda * s_judge + (1 - lambda) * s_heuristic
+      judge_model="policy",     # policy (the policy judges itself) | hf (a local judge checkpoint)
+      judge_hf_path="",         # judge checkpoint directory when judge_model=hf
+      prm_head="token",         # token: P(good token) after each step | scalar: sigmoid(value head)
+      prm_good_token="+",       # designated "good" token (must be one token)
+      prm_bad_token="-",        # normalise P(good) against this token; "" = plain P(good)
+      prm_aggregation="last",   # last | mean | max | min | weighted over the steps
+      prm_decay=0.8,            # weighted: weight decay^(steps after) per step
   )
   c.learner = dict(
       advantage="grpo",         # a name in tree_rl.learner.advantages' registry
+      adv_eps=1e-6,             # std guard of the advantage normalisation
+      packed=True,              # tree-packed batches (each node's tokens once) vs one row per leaf
+      aggregation="traj_mean",  # traj_mean | traj_mean_group_mean | token_mean | token_sum
+      clip_low=0.28,            # rho clipped below at 1 - clip_low (PATR: 0.28)
+      clip_high=0.28,           # rho clipped above at 1 + clip_high
+      kl_coef=0.001,            # k3 KL-to-reference coefficient (0 disables)
+      entropy_coef=0.0,         # entropy bonus coefficient (0 disables)
+      log_entropy=True,         # compute the policy entropy metric (one more pass over the logits)
       learning_rate=1e-6,
+      lr_schedule="constant",   # constant | cosine (after warm-up)
+      warmup_steps=0,           # linear learning-rate warm-up steps
+      total_steps=400,          # schedule length (cosine decay ends here)
+      weight_decay=0.0,         # AdamW decoupled weight decay
+      b1=0.9,                   # AdamW beta1
+      b2=0.999,                 # AdamW beta2
+      adam_eps=1e-8,            # AdamW epsilon
+      grad_clip=1.0,            # global-norm gradient clipping (0 disables)
+      microbatches=1,           # gradient accumulation: micro-batches per update
+      attention="auto",         # auto (cuDNN flash on GPU for causal rows) | einsum | xla | cudnn
+      remat="none",             # none | full | dots: per-layer rematerialisation in the backward
+      logits_chunk=0,           # >0: vocabulary projection + log-softmax over chunks of this many tokens
   )
   c.mesh = dict(
       shape=(-1, 1, 1),         # devices along (data, fsdp, tensor); -1 fills the rest
       axis_names=("data", "fsdp", "tensor"),
       distributed=False,        # call jax.distributed.initialize (multi-host)
+      coordinator_address="",   # host:port of process 0 ("" lets the cluster environment decide)
+      num_processes=0,          # processes in the job (0: from the cluster environment)
+      process_id=-1,            # this process's index (-1: from the cluster environment)
+      # logical axis -> mesh axes; a dim that does not divide its mesh axes stays replicated
+      rules=(("batch", ("data", "fsdp")), ("vocab", "tensor"), ("embed", "fsdp"),
+             ("mlp", "tensor"), ("heads", "tensor"), ("kv_heads", "tensor"), ("head_dim", None)),
   )
   c.checkpoint = dict(
       every_steps=50,           # save every N RL steps
