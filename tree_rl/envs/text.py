@@ -158,7 +158,7 @@ def strip_span(buf, start, end):
   pos = jnp.arange(buf.shape[0])
   keep = (pos >= start) & (pos < end) & ~is_space(buf)
   first = jnp.min(jnp.where(keep, pos, end))
-  last = jnp.max(jnp.where(keep, pos + 1, end))
+  last = jnp.max(jnp.where(keep, pos + 1, 0))
   return first, jnp.maximum(last, first)
 
 
@@ -235,16 +235,26 @@ class FragmentTable:
     return int(self.lengths.max())
 
 
-def concat_segments(seg_tokens: jax.Array, seg_lens: jax.Array, capacity: int, pad_id: int
-                    ) -> tuple[jax.Array, jax.Array]:
-  """Concatenate segments (int32[S, W] tokens, int32[S] lengths) into int32[capacity] + length."""
-  s, w = seg_tokens.shape
-  starts = jnp.cumsum(seg_lens) - seg_lens
-  idx = starts[:, None] + jnp.arange(w)[None]
-  idx = jnp.where(jnp.arange(w)[None] < seg_lens[:, None], idx, capacity)
+def concat_segments(groups, capacity: int, pad_id: int) -> tuple[jax.Array, jax.Array]:
+  """Concatenate segment groups, in order, into (int32[capacity] tokens, length).
+
+  `groups` is a list of (tokens int32[S, W], lengths int32[S]); widths may differ per group so a
+  table of short fragments (grid cells) is not padded to the width of long ones.
+  """
+  all_lens = jnp.concatenate([jnp.reshape(l, (-1,)) for _, l in groups])
+  starts_all = jnp.cumsum(all_lens) - all_lens
   out = jnp.full((capacity,), pad_id, jnp.int32)
-  out = out.at[idx.reshape(-1)].set(seg_tokens.reshape(-1), mode="drop", unique_indices=True)
-  return out, jnp.minimum(jnp.sum(seg_lens), capacity)
+  first = 0
+  for toks, lens in groups:
+    toks = jnp.reshape(toks, (-1, toks.shape[-1]))
+    s, w = toks.shape
+    lens = jnp.reshape(lens, (-1,))
+    starts = starts_all[first:first + s]
+    first += s
+    col = jnp.arange(w)[None]
+    idx = jnp.where(col < lens[:, None], starts[:, None] + col, capacity)
+    out = out.at[idx.reshape(-1)].set(toks.reshape(-1), mode="drop", unique_indices=True)
+  return out, jnp.minimum(jnp.sum(all_lens), capacity)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,18 @@
+"""JAX-native environments that speak tokens on device: FrozenLake and a multi-hop tool-call QA env.
+
+    env = tree_rl.envs.make("frozenlake", preset="rllm", tokenizer=tok)
+    state, obs = env.reset(key, env.default_params)
+    prompt, n = env.initial_prompt_tokens(state)
+    action = env.parse_action(reply_tokens, reply_len)
+    state, obs, reward, done, info = env.step(key, state, action, env.default_params)
+    obs_tokens, m = env.observation_tokens(state, turn_closed)
+
+A state is a pytree: branching a rollout tree is keeping (or `snapshot`-ing) it and stepping the
+copy. `register(name, factory)` adds an environment from a notebook.
+"""
+
+from tree_rl.envs.base import Environment, repeat, restore, snapshot, take
+from tree_rl.envs.registry import make, register, registered
+from tree_rl.envs.frozenlake import FrozenLake, FrozenLakeParams, FrozenLakeState, distance_to_goal
+
+register("frozenlake", FrozenLake)

@@ -1,0 +1,214 @@
+"""FrozenLake as text: host reference renderer/parser and the jitted token versions.
+
+Observation text (the user message):
+    [instructions on the first turn | a status line after a turn]
+    the grid, one row per line, cells separated by spaces:
+      P player, _ frozen, O hole, G goal, X player in a hole, V player on the goal
+    "Remaining steps: N"
+
+Action rules (on the reply's UTF-8 bytes, first `max_reply_bytes` of them):
+  * last_word (rLLM preset): the action is the LAST occurrence of one of the words `Left`, `Down`,
+    `Right`, `Up` (exact case) that is not part of a longer ASCII-letter word; none -> invalid.
+    A reply ending in a fenced block ```Up``` therefore gives Up.
+  * answer_tag (RAGEN preset): the leftmost complete `<answer>...</answer>` (regex
+    `<answer>(.*?)</answer>`), split on `||`; the first `max_actions` parts are executed in order
+    and each, stripped of ASCII whitespace, must be exactly one action word; parts beyond
+    `max_actions` are ignored. No block, an empty part or a wrong word -> invalid turn.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tree_rl.envs import frozenlake as fl
+from tree_rl.envs import text as tx
+
+CELL_CHARS = {fl.OBS_PAD: "", fl.OBS_FROZEN: "_", fl.OBS_HOLE: "O", fl.OBS_GOAL: "G",
+              fl.OBS_PLAYER: "P", fl.OBS_PLAYER_IN_HOLE: "X", fl.OBS_PLAYER_ON_GOAL: "V"}
+STATUS_TEXT = {fl.ST_START: "", fl.ST_MOVED: "", fl.ST_INVALID: "Invalid action. You did not move.\n",
+               fl.ST_HOLE: "You fell into a hole.\n", fl.ST_GOAL: "You reached the goal.\n",
+               fl.ST_OUT_OF_STEPS: "No steps remaining.\n"}
+INTRO = ("You are on a frozen lake grid. Reach the goal G without falling into a hole O. "
+         "You are the player P; _ is frozen ice.\n")
+FIRST, MIDDLE, LAST, ONLY = range(4)   # position of a cell in its row
+_NUMBERS = 100
+
+
+def instructions(action_format: str, max_actions: int) -> str:
+  if action_format == "last_word":
+    return INTRO + "Move with one word: Up, Down, Left or Right. Your last such word is your move.\n\n"
+  return (INTRO + f"Answer with up to {max_actions} moves, e.g. <answer>Left || Up</answer>. "
+          "Moves: Up, Down, Left, Right.\n\n")
+
+
+def steps_text(n: int) -> str:
+  return f"Remaining steps: {n}"
+
+
+def cell_text(code: int, where: int) -> str:
+  ch = CELL_CHARS[code]
+  if not ch:
+    return ""
+  return {FIRST: ch, MIDDLE: " " + ch, LAST: " " + ch + "\n", ONLY: ch + "\n"}[where]
+
+
+# ---------------------------------------------------------------- host reference
+
+def grid_text(grid: np.ndarray, nrow: int, ncol: int) -> str:
+  return "".join(" ".join(CELL_CHARS[int(c)] for c in grid[r, :ncol]) + "\n" for r in range(nrow))
+
+
+def content_text(state, params, head: str) -> str:
+  grid = np.asarray(fl.observation_grid(state))
+  remaining = max(int(params.max_steps) - int(state.steps), 0)
+  return head + grid_text(grid, int(state.nrow), int(state.ncol)) + steps_text(remaining)
+
+
+def initial_prompt_text(env, markup: tx.ChatMarkup, state, params) -> str:
+  head = instructions(env.action_format, env.max_actions)
+  return markup.prompt_prefix + content_text(state, params, head) + markup.gen_suffix
+
+
+def observation_text(markup: tx.ChatMarkup, state, params, turn_closed: bool) -> str:
+  between = markup.between_closed if turn_closed else markup.between_open
+  head = STATUS_TEXT[int(state.status)]
+  return between + content_text(state, params, head) + markup.gen_suffix
+
+
+_WORD_RE = re.compile(rb"(?<![A-Za-z])(Left|Down|Right|Up)(?![A-Za-z])")
+_ANSWER_RE = re.compile(rb"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def parse_action_bytes(reply: bytes, action_format: str, max_actions: int) -> list[int]:
+  """The host reference parser: int list of length max_actions (see the module docstring)."""
+  names = [n.encode() for n in fl.ACTION_NAMES]
+  out = [fl.NOOP] * max_actions
+  if action_format == "last_word":
+    found = _WORD_RE.findall(reply)
+    out[0] = names.index(found[-1]) if found else fl.INVALID
+    return out
+  m = _ANSWER_RE.search(reply)
+  if not m:
+    return [fl.INVALID] + out[1:]
+  for k, part in enumerate(m.group(1).split(b"||")[:max_actions]):
+    word = part.strip()
+    if word not in names:
+      return [fl.INVALID] + [fl.NOOP] * (max_actions - 1)
+    out[k] = names.index(word)
+  return out
+
+
+# ---------------------------------------------------------------- device
+
+class FrozenLakeText:
+  """Token tables for one (env, tokenizer) pair; methods are jittable and vmappable."""
+
+  def __init__(self, env, tokenizer):
+    self.env, self.tokenizer = env, tokenizer
+    self.markup = tx.ChatMarkup.from_tokenizer(tokenizer)
+    self.pad_id = tokenizer.pad_id
+    m = self.markup
+    wide = [m.prompt_prefix, m.between_open, m.between_closed, m.gen_suffix,
+            instructions(env.action_format, env.max_actions)]
+    wide += [STATUS_TEXT[s] for s in range(len(STATUS_TEXT))]
+    self._status0 = 5
+    self.wide = tx.FragmentTable.build(tokenizer, wide, self.pad_id)
+    codes = sorted(CELL_CHARS)
+    cells = [cell_text(c, w) for c in codes for w in range(4)]
+    self.cells = tx.FragmentTable.build(tokenizer, cells, self.pad_id)
+    self.numbers = tx.FragmentTable.build(tokenizer, [steps_text(n) for n in range(_NUMBERS)],
+                                          self.pad_id)
+    self.bytes = tx.ByteTable.from_tokenizer(tokenizer)
+    wl = self.wide.lengths
+    grid_cap = env.max_size * env.max_size * self.cells.max_length()
+    tail = self.numbers.max_length() + int(wl[3])
+    self.prompt_capacity = int(wl[0] + wl[4]) + grid_cap + tail
+    self.obs_capacity = int(max(wl[1], wl[2]) + wl[self._status0:].max()) + grid_cap + tail
+
+  def _grid_groups(self, state):
+    grid = fl.observation_grid(state)
+    msz = grid.shape[0]
+    col = jnp.arange(msz)[None, :]
+    where = jnp.where(state.ncol == 1, ONLY, jnp.where(col == 0, FIRST,
+                      jnp.where(col == state.ncol - 1, LAST, MIDDLE)))
+    where = jnp.broadcast_to(where, grid.shape)
+    idx = jnp.where(grid == fl.OBS_PAD, fl.OBS_PAD * 4, grid * 4 + where).reshape(-1)
+    cells = jnp.asarray(self.cells.tokens)[idx], jnp.asarray(self.cells.lengths)[idx]
+    return cells
+
+  def _render(self, state, params, head_ids, capacity):
+    wt, wl = jnp.asarray(self.wide.tokens), jnp.asarray(self.wide.lengths)
+    head_ids = jnp.stack(head_ids)
+    remaining = jnp.clip(params.max_steps - state.steps, 0, _NUMBERS - 1)
+    groups = [(wt[head_ids], wl[head_ids]), self._grid_groups(state),
+              (jnp.asarray(self.numbers.tokens)[remaining][None],
+               jnp.asarray(self.numbers.lengths)[remaining][None]),
+              (wt[3][None], wl[3][None])]
+    return tx.concat_segments(groups, capacity, self.pad_id)
+
+  def initial_prompt_tokens(self, state, params):
+    return self._render(state, params, [jnp.int32(0), jnp.int32(4)], self.prompt_capacity)
+
+  def observation_tokens(self, state, turn_closed, params):
+    between = jnp.where(turn_closed, 2, 1).astype(jnp.int32)
+    return self._render(state, params, [between, self._status0 + state.status], self.obs_capacity)
+
+  def parse_action(self, tokens, length):
+    env = self.env
+    buf, n = tx.tokens_to_bytes(self.bytes, tokens, length, env.max_reply_bytes)
+    if env.action_format == "last_word":
+      return self._parse_last_word(buf, n)
+    return self._parse_answer(buf, n)
+
+  def _word_at(self, buf, n):
+    """int32[N]: index of the action word starting at each position (-1 if none)."""
+    out = jnp.full(buf.shape, -1, jnp.int32)
+    for a, name in enumerate(fl.ACTION_NAMES):
+      out = jnp.where(tx.match_at(buf, n, name.encode()), a, out)
+    return out
+
+  def _parse_last_word(self, buf, n):
+    size = buf.shape[0]
+    pos = jnp.arange(size)
+    letter = tx.is_letter(buf)
+    before_ok = jnp.concatenate([jnp.ones((1,), bool), ~letter[:-1]])
+    word = self._word_at(buf, n)
+    word_len = jnp.array([len(x) for x in fl.ACTION_NAMES], jnp.int32)[jnp.maximum(word, 0)]
+    after = jnp.clip(pos + word_len, 0, size - 1)
+    after_ok = (pos + word_len >= n) | ~letter[after]
+    hit = (word >= 0) & before_ok & after_ok
+    last = jnp.max(jnp.where(hit, pos, -1))
+    action = jnp.where(last >= 0, word[jnp.maximum(last, 0)], fl.INVALID)
+    return jnp.full((self.env.max_actions,), fl.NOOP, jnp.int32).at[0].set(action)
+
+  def _parse_answer(self, buf, n):
+    a_max = self.env.max_actions
+    size = buf.shape[0]
+    pos = jnp.arange(size)
+    found, _, s, e = tx.first_block(buf, n, b"<answer>", b"</answer>")
+    bar = (buf == ord("|")) & (pos >= s) & (pos < e)
+    run_start = jax.lax.cummax(jnp.where(bar & ~jnp.concatenate([jnp.zeros((1,), bool), bar[:-1]]),
+                                         pos, 0))
+    pair = bar & jnp.concatenate([bar[1:], jnp.zeros((1,), bool)]) & (pos + 2 <= e)
+    sep = pair & ((pos - run_start) % 2 == 0)
+    rank = jnp.cumsum(sep) - 1
+    n_sep = jnp.sum(sep)
+    sep_pos = jnp.stack([jnp.min(jnp.where(sep & (rank == k), pos, e)) for k in range(a_max)])
+    word = self._word_at(buf, jnp.int32(size))
+    word_len = jnp.array([len(x) for x in fl.ACTION_NAMES], jnp.int32)
+    actions, ok = [], found
+    for k in range(a_max):
+      start = s if k == 0 else sep_pos[k - 1] + 2
+      f, l = tx.strip_span(buf, start, sep_pos[k])
+      w = word[jnp.clip(f, 0, size - 1)]
+      valid = (w >= 0) & (l - f == word_len[jnp.maximum(w, 0)])
+      exists = n_sep >= k
+      ok = ok & (valid | ~exists)
+      actions.append(jnp.where(exists, w, fl.NOOP))
+    actions = jnp.stack(actions).astype(jnp.int32)
+    bad = jnp.full((a_max,), fl.NOOP, jnp.int32).at[0].set(fl.INVALID)
+    return jnp.where(ok, actions, bad)
