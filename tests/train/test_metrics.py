@@ -1,0 +1,20 @@
+"""JSONL + TensorBoard metrics and the curve plot."""
+
+import glob
+import os
+
+from tree_rl.metrics import MetricsWriter, plot_curves, read_jsonl
+
+
+def test_jsonl_tensorboard_and_plot(tmp_path):
+  w = MetricsWriter(str(tmp_path))
+  w.write(0, {"train/loss": 1.5, "eval/success": 0.25, "note": "skipped"})
+  w.write(1, {"train/loss": float("nan")})
+  w.close()
+  rows = read_jsonl(w.path)
+  assert rows == [{"step": 0, "train/loss": 1.5, "eval/success": 0.25}, {"step": 1, "train/loss": "nan"}]
+  assert glob.glob(os.path.join(str(tmp_path), "tensorboard", "events.out.tfevents.*"))
+  png = os.path.join(str(tmp_path), "curves.png")
+  plot_curves(rows, ["train/loss", "eval/success"], png)
+  with open(png, "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"

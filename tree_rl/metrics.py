@@ -1,0 +1,67 @@
+"""Metrics to a JSONL log and TensorBoard event files (tensorboardX: no TensorFlow), and curve plots."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Iterable, Mapping
+
+
+def _scalar(value):
+  try:
+    value = float(value)
+  except (TypeError, ValueError):
+    return None
+  return value
+
+
+class MetricsWriter:
+  """`write(step, {"train/loss": ..., "eval/success": ...})` appends one JSON line per call."""
+
+  def __init__(self, workdir: str, tensorboard: bool = True, filename: str = "metrics.jsonl"):
+    os.makedirs(workdir, exist_ok=True)
+    self.path = os.path.join(workdir, filename)
+    self._tb = None
+    if tensorboard:
+      from tensorboardX import SummaryWriter
+      self._tb = SummaryWriter(logdir=os.path.join(workdir, "tensorboard"))
+
+  def write(self, step: int, metrics: Mapping[str, object]):
+    scalars = {k: v for k, v in ((k, _scalar(v)) for k, v in metrics.items()) if v is not None}
+    with open(self.path, "a") as f:
+      f.write(json.dumps({"step": int(step), **{k: (v if math.isfinite(v) else str(v))
+                                                for k, v in scalars.items()}}) + "\n")
+    if self._tb is not None:
+      for k, v in scalars.items():
+        self._tb.add_scalar(k, v, int(step))
+      self._tb.flush()
+
+  def close(self):
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_jsonl(path: str) -> list[dict]:
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_curves(rows: Iterable[dict], keys: Iterable[str], path: str, title: str = ""):
+  """One panel per key (value against step) written to a PNG."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  rows, keys = list(rows), [k for k in keys]
+  fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3), squeeze=False)
+  for ax, key in zip(axes[0], keys):
+    points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+    if points:
+      ax.plot(*zip(*points), marker="o" if len(points) < 30 else None)
+    ax.set_title(key)
+    ax.set_xlabel("step")
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
