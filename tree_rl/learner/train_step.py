@@ -1,0 +1,214 @@
+"""The sharded policy-gradient update.
+
+`make_train_step(config, model)` returns a `TrainStep`: `init()` places float32 master weights and
+the AdamW state on the mesh; `step(state, batch)` is one jitted update (explicit in/out
+shardings, the state donated) over a `LeafBatch` or `PackedBatch`, with gradient accumulation
+over `learner.microbatches`. A non-finite loss or gradient leaves the state untouched and
+reports `skipped = 1` in the metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from tree_rl.learner import losses, sharding
+from tree_rl.learner.batches import LeafBatch, PackedBatch, packed_attention_mask
+from tree_rl.learner.logprobs import sequence_logprobs
+
+
+@struct.dataclass
+class TrainState:
+  step: jax.Array        # updates applied
+  params: Any            # float32 master weights (pure dict, as nnx.to_pure_dict)
+  opt_state: Any
+  skipped: jax.Array     # updates skipped for a non-finite loss or gradient
+
+
+def make_optimizer(lcfg) -> optax.GradientTransformation:
+  """AdamW (weight decay on matrices only) after global-norm clipping, with linear warm-up."""
+  lr = float(lcfg.learning_rate)
+  warm = int(lcfg.warmup_steps)
+  if lcfg.lr_schedule == "constant":
+    after = optax.constant_schedule(lr)
+  elif lcfg.lr_schedule == "cosine":
+    after = optax.cosine_decay_schedule(lr, max(1, int(lcfg.total_steps) - warm))
+  else:
+    raise ValueError(f"learner.lr_schedule={lcfg.lr_schedule!r}; known: ('constant', 'cosine')")
+  schedule = after if warm <= 0 else optax.join_schedules(
+      [optax.linear_schedule(0.0, lr, warm), after], [warm])
+  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  parts = [optax.clip_by_global_norm(lcfg.grad_clip)] if lcfg.grad_clip > 0 else []
+  parts.append(optax.adamw(schedule, b1=lcfg.b1, b2=lcfg.b2, eps=lcfg.adam_eps,
+                           weight_decay=lcfg.weight_decay, mask=decay_mask))
+  return optax.chain(*parts), schedule
+
+
+def _token_arrays(batch, lcfg) -> dict:
+  """The loss-side view shared by both formats: tokens and per-token weights."""
+  if isinstance(batch, PackedBatch):
+    return dict(tokens=batch.tokens, positions=batch.positions, pred_index=batch.pred_index,
+                node_ids=batch.node_ids, ancestors=batch.ancestors, old_logp=batch.old_logp,
+                ref_logp=batch.ref_logp, pos=batch.pos_weight, neg=batch.neg_weight,
+                weight=batch.weight)
+  if isinstance(batch, LeafBatch):
+    w = losses.leaf_token_weights(batch.loss_mask, batch.group_ids, lcfg.aggregation)
+    pos, neg = losses.split_by_sign(batch.advantages, w)
+    return dict(tokens=batch.tokens, old_logp=batch.old_logp, ref_logp=batch.ref_logp, pos=pos,
+                neg=neg, weight=w)
+  raise TypeError(f"train step takes a LeafBatch or PackedBatch, got {type(batch).__name__}")
+
+
+def _merge_stats(a: dict, b: dict) -> dict:
+  out = {}
+  for k in a:
+    if k == "ratio_max":
+      out[k] = jnp.maximum(a[k], b[k])
+    elif k == "ratio_min":
+      out[k] = jnp.minimum(a[k], b[k])
+    else:
+      out[k] = a[k] + b[k]
+  return out
+
+
+class TrainStep:
+  """Holds the mesh, shardings and jitted update for one model and config."""
+
+  def __init__(self, config, model: nnx.Module, mesh=None):
+    self.config = config
+    lcfg = config.learner
+    losses.check_aggregation(lcfg.aggregation)
+    self.mesh = mesh if mesh is not None else sharding.make_mesh(config.mesh)
+    self.rules = tuple(tuple(r) for r in config.mesh.rules)
+    self.graphdef, state = nnx.split(model)
+    self._init_params = nnx.to_pure_dict(state)
+    self.param_shardings = sharding.param_shardings(state, self.rules, self.mesh)
+    self.tx, self.schedule = make_optimizer(lcfg)
+    self.replicated = NamedSharding(self.mesh, P())
+    f32_params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, _master(a.dtype)),
+                              self._init_params)
+    abstract_opt = jax.eval_shape(self.tx.init, f32_params)
+    opt_shardings = optax.tree_map_params(self.tx, lambda _, s: s, abstract_opt,
+                                          self.param_shardings,
+                                          transform_non_params=lambda _: self.replicated)
+    self.state_shardings = TrainState(step=self.replicated, params=self.param_shardings,
+                                      opt_state=opt_shardings, skipped=self.replicated)
+    self.trace_count = 0
+    self._jitted: dict[type, Any] = {}
+
+  # ------------------------------------------------------------------ state and batches
+  def init(self, params: Any = None) -> TrainState:
+    """Place float32 master weights (default: the model's) and a fresh optimizer state."""
+    params = self._init_params if params is None else params
+    params = jax.tree.map(lambda a, s: _global_array(np.asarray(a, _master(a.dtype)), s),
+                          params, self.param_shardings)
+    opt_state = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)(params)
+    zero = lambda: _global_array(np.zeros((), np.int32), self.replicated)
+    return TrainState(step=zero(), params=params, opt_state=opt_state, skipped=zero())
+
+  def batch_shardings(self, batch):
+    return jax.tree.map(
+        lambda a: NamedSharding(self.mesh, sharding.batch_spec(self.rules, self.mesh, a.ndim,
+                                                               a.shape[0])), batch)
+
+  def shard_batch(self, local_batch):
+    """Global batch arrays from this process's rows (numpy), one shard of the batch per host."""
+    procs = jax.process_count()
+    def put(a):
+      a = np.asarray(a)
+      spec = sharding.batch_spec(self.rules, self.mesh, a.ndim, a.shape[0] * procs)
+      return jax.make_array_from_process_local_data(NamedSharding(self.mesh, spec), a)
+    return jax.tree.map(put, local_batch)
+
+  # ------------------------------------------------------------------ the update
+  def _loss(self, params, mb):
+    lcfg = self.config.learner
+    model = nnx.merge(self.graphdef, params)
+    mask = None
+    if "node_ids" in mb:
+      mask = packed_attention_mask(mb["node_ids"], mb["ancestors"])
+    need_entropy = bool(lcfg.log_entropy or lcfg.entropy_coef)
+    logp, ent = sequence_logprobs(model, mb["tokens"], positions=mb.get("positions"),
+                                  pred_index=mb.get("pred_index"), attention_mask=mask,
+                                  attention=lcfg.attention, remat=lcfg.remat,
+                                  logits_chunk=lcfg.logits_chunk, with_entropy=need_entropy)
+    return losses.weighted_policy_loss(
+        logp, mb["old_logp"], mb["pos"], mb["neg"], mb["weight"], ref_logp=mb["ref_logp"],
+        entropy=ent if need_entropy else None, clip_low=lcfg.clip_low, clip_high=lcfg.clip_high,
+        kl_coef=lcfg.kl_coef, entropy_coef=lcfg.entropy_coef)
+
+  def _update(self, state: TrainState, batch):
+    self.trace_count += 1
+    lcfg = self.config.learner
+    arrays = _token_arrays(batch, lcfg)
+    grad_fn = jax.value_and_grad(self._loss, has_aux=True)
+    n = int(lcfg.microbatches)
+    rows = arrays["tokens"].shape[0]
+    if n <= 1:
+      (loss, stats), grads = grad_fn(state.params, arrays)
+    else:
+      if rows % n:
+        raise ValueError(f"learner.microbatches={n} does not divide the batch of {rows} rows")
+      # Micro-batch k takes rows k, k+n, ...: every data shard contributes to every micro-batch.
+      split = jax.tree.map(lambda a: jnp.swapaxes(a.reshape((rows // n, n) + a.shape[1:]), 0, 1),
+                           arrays)
+      spec = lambda a: NamedSharding(self.mesh, sharding.batch_spec(self.rules, self.mesh, a.ndim,
+                                                                    a.shape[0]))
+
+      def body(carry, mb):
+        mb = jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, spec(a)), mb)
+        (l, s), g = grad_fn(state.params, mb)
+        acc_l, acc_s, acc_g = carry
+        return (acc_l + l, _merge_stats(acc_s, s), jax.tree.map(jnp.add, acc_g, g)), None
+
+      first = jax.tree.map(lambda a: a[0], split)
+      rest = jax.tree.map(lambda a: a[1:], split)
+      (loss, stats), grads = grad_fn(state.params, first)
+      (loss, stats, grads), _ = jax.lax.scan(body, (loss, stats, grads), rest)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+    new_state = TrainState(step=state.step + finite.astype(jnp.int32),
+                           params=keep(params, state.params),
+                           opt_state=keep(opt_state, state.opt_state),
+                           skipped=state.skipped + (~finite).astype(jnp.int32))
+    metrics = losses.finalize_metrics(stats)
+    metrics.update(loss=loss, grad_norm=grad_norm, skipped=(~finite).astype(jnp.float32),
+                   learning_rate=self.schedule(state.step))
+    return new_state, metrics
+
+  def __call__(self, state: TrainState, batch) -> tuple[TrainState, dict]:
+    """One update; `batch` is a LeafBatch or PackedBatch of global (or single-process) arrays."""
+    kind = type(batch)
+    if kind not in self._jitted:
+      self._jitted[kind] = jax.jit(
+          self._update, in_shardings=(self.state_shardings, self.batch_shardings(batch)),
+          out_shardings=(self.state_shardings, self.replicated), donate_argnums=(0,))
+    return self._jitted[kind](state, batch)
+
+
+def _master(dtype):
+  return np.float32 if jnp.issubdtype(dtype, jnp.floating) else dtype
+
+
+def _global_array(value: np.ndarray, sharding_: NamedSharding) -> jax.Array:
+  """A global array from a value every process holds in full (multi-host safe)."""
+  return jax.make_array_from_callback(value.shape, sharding_, lambda idx: value[idx])
+
+
+def make_train_step(config, model: nnx.Module, *, mesh=None) -> TrainStep:
+  """The sharded update for `model` under `config.learner` and `config.mesh`.
+
+  Calls `jax.distributed.initialize` first when `config.mesh.distributed` is set. The compute
+  dtype is the model's `dtype`; master weights are float32.
+  """
+  sharding.maybe_initialize_distributed(config.mesh)
+  return TrainStep(config, model, mesh=mesh)
