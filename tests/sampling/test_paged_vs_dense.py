@@ -1,0 +1,124 @@
+"""Greedy decoding through the paged cache equals greedy decoding by dense recomputation."""
+
+import numpy as np
+import pytest
+
+from tree_rl import sampling
+from tree_rl.sampling import stop_reasons as R
+
+from conftest import check_greedy, check_invariants, dense_logprobs
+from harness import MAX_NEW, Driver
+
+ATTN = ["reference", "cascade"]
+
+
+def check_all(model, result, logprob_atol=2e-4):
+  for prefix, new, lps in result.values():
+    check_greedy(model, prefix, new, lps, atol=logprob_atol)
+
+
+def test_single_sequence(model):
+  d = Driver(model)
+  pre = d.prefill({0: [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]})
+  assert int(pre.status[0]) == sampling.OK and int(pre.computed[0]) == 11
+  np.testing.assert_allclose(_log_softmax(pre.logits[0]), dense_logprobs(model, d.seqs[0])[-1], atol=2e-4)
+  for _ in range(3):  # three turns back to back: the pending token carries over
+    out, res = d.decode([0])
+    assert int(out.lengths[0]) == MAX_NEW and int(out.stop_reason[0]) == R.TURN_LIMIT
+    check_all(model, res)
+  check_invariants(d.cache)
+
+
+def _log_softmax(logits):
+  x = np.asarray(logits, np.float64)
+  return x - x.max() - np.log(np.exp(x - x.max()).sum())
+
+
+def test_prefill_logits_are_dense_logits(model):
+  d = Driver(model)
+  out = d.prefill({1: [7, 8, 9, 10, 11]})
+  np.testing.assert_allclose(_log_softmax(out.logits[0]), dense_logprobs(model, [7, 8, 9, 10, 11])[-1], atol=2e-4)
+
+
+@pytest.mark.parametrize("attention", ATTN)
+def test_batch_of_different_lengths(model, attention):
+  d = Driver(model, attention=attention)
+  d.prefill({0: [5], 1: [1, 2, 3, 4, 5], 2: list(range(10, 18)), 3: list(range(20, 32))})
+  out, res = d.decode([0, 1, 2, 3], max_tokens=[8, 3, 7, 1])
+  np.testing.assert_array_equal(np.asarray(out.lengths), [8, 3, 7, 1])
+  check_all(model, res)
+  out, res = d.decode([3, 1, 0])
+  check_all(model, res)
+  check_invariants(d.cache)
+
+
+@pytest.mark.parametrize("attention", ATTN)
+def test_forks_mid_page_and_mid_turn_then_decoded_apart(model, attention):
+  d = Driver(model, attention=attention)
+  d.prefill({0: [9, 8, 7, 6, 5, 4]})                   # 5 tokens stored: mid-page (page 4)
+  status = d.fork([(0, 1), (0, 2), (0, 3)])
+  assert (status[:3] == sampling.OK).all()
+  check_invariants(d.cache)
+  # Sampled turns make the branches diverge; logprobs verify each branch's cache.
+  out, res = d.decode([0, 1, 2, 3], key=1, max_tokens=[5, 5, 5, 5], temperature=1.0)
+  for prefix, new, lps in res.values():
+    ref = dense_logprobs(model, prefix + new)
+    np.testing.assert_allclose(lps, [ref[len(prefix) - 1 + i, t] for i, t in enumerate(new)], atol=2e-4)
+  assert len({tuple(d.seqs[s]) for s in range(4)}) > 1
+  check_invariants(d.cache)
+  # Fork again mid-turn (after 5 of 8 tokens, mid-page), give the children different chunks.
+  status = d.fork([(2, 4), (2, 5)])
+  assert (status[:2] == sampling.OK).all()
+  d.prefill({4: [1, 2, 3], 5: [33]})
+  out, res = d.decode([0, 2, 4, 5])
+  check_all(model, res)
+  check_invariants(d.cache)
+  d.release(list(range(6)))
+  assert int(sampling.pages_in_use(d.cache)[0]) == 0
+  check_invariants(d.cache)
+
+
+@pytest.mark.parametrize("attention", ATTN)
+def test_multi_turn_with_observation_chunks(model, attention):
+  d = Driver(model, attention=attention)
+  d.prefill({0: [1, 2, 3], 1: list(range(40, 50)), 2: [60, 61, 62, 63, 0, 1, 2]})
+  obs = {0: [[5, 6], [7], [8, 9, 10, 11, 12]], 1: [[13], [14, 15, 16, 17, 18, 19, 20, 21, 22], [2]],
+         2: [[23, 24, 25], [26, 27], [28]]}
+  for turn in range(3):
+    _, res = d.decode([0, 1, 2], max_tokens=[4 + turn, 6, 3])
+    check_all(model, res)
+    d.prefill({s: obs[s][turn] for s in (0, 1, 2)})
+  _, res = d.decode([0, 1, 2])
+  check_all(model, res)
+  check_invariants(d.cache)
+
+
+def test_stop_ids_and_budget(model):
+  d = Driver(model)
+  d.prefill({0: [4, 5, 6], 1: [4, 5, 6]})
+  _, res = d.decode([0])
+  greedy = res[0][1]
+  d2 = Driver(model)
+  d2.prefill({0: [4, 5, 6], 1: [4, 5, 6]})
+  stop = greedy[3]
+  first = greedy.index(stop)
+  out, _ = d2.decode([0, 1], stop_ids=[stop], budget=[8, 2])
+  assert int(out.stop_reason[0]) == R.STOP_TOKEN and int(out.lengths[0]) == first + 1
+  assert int(out.stop_reason[1]) == (R.STOP_TOKEN if first < 2 else R.BUDGET)
+  assert int(out.lengths[1]) == min(first + 1, 2)
+  # Continuing after a stop resumes from the stop token (now pending).
+  _, res = d2.decode([0])
+  check_all(model, res)
+
+
+def test_sampled_logprobs_match_dense_log_softmax(model):
+  """Tolerance 2e-4 absolute (float32 KV, highest matmul precision)."""
+  d = Driver(model)
+  d.prefill({0: [1, 2, 3, 4], 1: [5, 6], 2: [7], 3: list(range(12))})
+  out, res = d.decode([0, 1, 2, 3], key=7, temperature=0.8, top_k=10, top_p=0.9, attention="cascade")
+  for prefix, new, lps in res.values():
+    ref = dense_logprobs(model, prefix + new)
+    for i, t in enumerate(new):
+      row = ref[len(prefix) - 1 + i]
+      assert abs(lps[i] - row[t]) < 2e-4
+      assert t in np.argsort(-row)[:10]

@@ -1,0 +1,298 @@
+"""Public sampler API: a `Cache` bound to one set of weights, and jitted, donating operations.
+
+    cache = init_cache(model, max_seqs=64, num_pages=1024, max_pages_per_seq=64)
+    cache, pre = prefill(cache, slots, tokens, lengths)        # prompts (or observation chunks)
+    cache, status = fork(cache, parents, children)             # share prefixes
+    cache, out = decode(cache, slots, key, max_new=64, stop_ids=[eot, eos], temperature=1.0)
+    cache = release(cache, slots)
+
+Weights: `init_cache` splits the NNX model once and keeps its parameter arrays inside the cache;
+every operation runs with exactly those weights, so a cache filled under old weights cannot be
+reused with new ones (start a new cache per policy version; `cache.params_version` counts them).
+
+Every operation donates the previous cache state: use only the returned cache. Slot ids are
+global; with a mesh, slot g lives on data shard g // max_seqs (each shard has its own pool of
+num_pages pages and max_seqs slots), every batch row must name a slot of the shard that holds
+that row (rows are split over the data axis in order), and forks stay within a shard.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from tree_rl.sampling import cache as C
+from tree_rl.sampling import decode_turn as D
+from tree_rl.sampling import prefill_chunks as PF
+
+_VERSION = itertools.count(1)
+# Hook applied to every per-shard function before jit (tests wrap it in chex.assert_max_traces).
+WRAP = lambda name, fn: fn  # noqa: E731
+TENSOR_LOGICAL_AXES = ("heads", "kv_heads", "mlp")
+
+
+@struct.dataclass
+class Cache:
+  params: Any                    # nnx.State of parameter arrays (the weights this cache is bound to)
+  state: C.CacheState
+  params_version: int = struct.field(pytree_node=False)
+  graphdef: Any = struct.field(pytree_node=False)
+  spec: C.CacheSpec = struct.field(pytree_node=False)
+  mesh: Mesh | None = struct.field(pytree_node=False, default=None)
+  data_axis: str = struct.field(pytree_node=False, default="data")
+
+  @property
+  def num_shards(self) -> int:
+    return 1 if self.mesh is None else self.mesh.shape[self.data_axis]
+
+  @property
+  def lens(self) -> jax.Array:
+    """Tokens per slot including the pending one (0 for empty slots), [num_shards * max_seqs]."""
+    return self.state.lens + self.state.live
+
+
+@struct.dataclass
+class PrefillOutput:
+  logits: jax.Array    # [B, V] float32 logits after each chunk's last token
+  status: jax.Array    # [B] int32 cache.OK / INVALID / OUT_OF_PAGES / SEQ_CAPACITY
+  computed: jax.Array  # [B] int32 tokens run through the model
+
+
+def init_cache(model: nnx.Module, *, max_seqs: int, num_pages: int, max_pages_per_seq: int,
+               page_size: int = 16, kv_dtype: str = "bfloat16", mesh: Mesh | None = None,
+               data_axis: str = "data", tensor_axis: str | None = "tensor") -> Cache:
+  """An empty cache bound to `model`'s current weights.
+
+  max_seqs and num_pages are per data shard. With a mesh, slots and pages split over
+  `data_axis`, and KV heads plus the heads/kv_heads/mlp weight axes over `tensor_axis`.
+  """
+  cfg = model.cfg
+  spec = C.CacheSpec(num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                     page_size=page_size, num_pages=num_pages, max_seqs=max_seqs,
+                     max_pages_per_seq=max_pages_per_seq, kv_dtype=kv_dtype)
+  graphdef, params = nnx.split(model)
+  if mesh is None:
+    state = C.empty_state(spec)
+  else:
+    if data_axis not in mesh.shape:
+      raise ValueError(f"mesh has no data axis {data_axis!r}; axes: {tuple(mesh.shape)}")
+    tensor_axis = tensor_axis if tensor_axis in mesh.shape else None
+    shards = mesh.shape[data_axis]
+    local = C.empty_state(spec)
+    state = jax.tree.map(lambda x: jnp.concatenate([x] * shards, axis=1 if x.ndim == 5 else 0), local)
+    state = jax.device_put(state, _state_shardings(state, mesh, data_axis, tensor_axis))
+    params = jax.device_put(params, _param_shardings(params, mesh, tensor_axis))
+  return Cache(params=params, state=state, params_version=next(_VERSION), graphdef=graphdef,
+               spec=spec, mesh=mesh, data_axis=data_axis)
+
+
+def init_cache_from_config(model: nnx.Module, sampler_config, *, max_seqs: int,
+                           mesh: Mesh | None = None) -> Cache:
+  """`init_cache` with page_size, num_pages, max_pages_per_seq and kv_dtype from config.sampler."""
+  return init_cache(model, max_seqs=max_seqs, num_pages=sampler_config.num_pages,
+                    max_pages_per_seq=sampler_config.max_pages_per_seq,
+                    page_size=sampler_config.page_size, kv_dtype=sampler_config.kv_dtype, mesh=mesh)
+
+
+def _state_specs(state: C.CacheState, data_axis, tensor_axis):
+  return jax.tree.map(lambda x: P(None, data_axis, None, tensor_axis, None) if x.ndim == 5
+                      else P(data_axis), state)
+
+
+def _state_shardings(state, mesh, data_axis, tensor_axis):
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), _state_specs(state, data_axis, tensor_axis))
+
+
+def _param_shardings(params, mesh, tensor_axis):
+  def one(var):
+    axes = getattr(var, "axes", None) or ()
+    names = [tensor_axis if (tensor_axis and a in TENSOR_LOGICAL_AXES) else None for a in axes]
+    return NamedSharding(mesh, P(*names))
+  return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+# ----------------------------------------------------------------------------- jitted builders
+
+def _localise(slots, valid, spec, cache_mesh, data_axis):
+  """Global slot ids -> this shard's ids, rows naming another shard's slot become invalid."""
+  if cache_mesh is None:
+    return slots, valid
+  base = jax.lax.axis_index(data_axis) * spec.max_seqs
+  local = slots - base
+  return local, valid & (local >= 0) & (local < spec.max_seqs)
+
+
+@functools.lru_cache(maxsize=None)
+def _build(kind: str, graphdef, spec: C.CacheSpec, mesh, data_axis: str, statics: tuple):
+  """jit(+shard_map) of one per-shard operation; the state argument is donated."""
+  st = dict(statics)
+
+  def local_fn(params, state, *args):
+    if kind == "prefill":
+      slots, tokens, lengths, valid = args
+      slots, valid = _localise(slots, valid, spec, mesh, data_axis)
+      model = nnx.merge(graphdef, params)
+      state, logits, status, computed = PF.prefill(model, state, slots, tokens, lengths, valid)
+      return state, PrefillOutput(logits=logits, status=status, computed=computed)
+    if kind == "fork":
+      parents, children, valid = args
+      parents, _ = _localise(parents, valid, spec, mesh, data_axis)
+      children, valid = _localise(children, valid, spec, mesh, data_axis)
+      return C.fork(state, parents, children, valid)
+    if kind == "release":
+      slots, valid = args
+      slots, valid = _localise(slots, valid, spec, mesh, data_axis)
+      return C.release(state, slots, valid), None
+    if kind == "plan":
+      slots, valid = args
+      slots, valid = _localise(slots, valid, spec, mesh, data_axis)
+      return state, D.plan(state, slots, valid)
+    if kind == "decode":
+      slots, valid, key, max_tokens, budget, stop_ids, temperature = args
+      slots, valid = _localise(slots, valid, spec, mesh, data_axis)
+      if mesh is not None:
+        key = jax.random.fold_in(key, jax.lax.axis_index(data_axis))
+      model = nnx.merge(graphdef, params)
+      return D.decode(model, state, slots, valid, key, max_tokens, budget, stop_ids, temperature, **st)
+    raise ValueError(kind)
+
+  fn = WRAP(kind, local_fn)
+  if mesh is not None:
+    state_spec = _state_specs(C.empty_state(spec), data_axis, None)
+    state_spec = jax.tree.map(lambda s: P(*[a if a == data_axis else None for a in s]), state_spec)
+    rows = P(data_axis)
+    arg_specs = {"prefill": (rows, rows, rows, rows), "fork": (rows, rows, rows),
+                 "release": (rows, rows), "plan": (rows, rows),
+                 "decode": (rows, rows, P(), rows, rows, P(), P())}[kind]
+    out_specs = (state_spec, rows)
+    if kind == "release":
+      out_specs = (state_spec, None)
+    fn = jax.shard_map(fn, mesh=mesh, in_specs=(P(), state_spec) + arg_specs, out_specs=out_specs,
+                       axis_names=frozenset({data_axis}), check_vma=False)
+  return jax.jit(fn, donate_argnums=(1,) if kind != "plan" else ())
+
+
+def _call(kind, cache: Cache, *args, statics=()):
+  fn = _build(kind, cache.graphdef, cache.spec, cache.mesh, cache.data_axis, tuple(statics))
+  state, out = fn(cache.params, cache.state, *args)
+  return cache.replace(state=state), out
+
+
+def _rows(x, dtype, name):
+  x = jnp.asarray(x, dtype)
+  if x.ndim != 1:
+    raise ValueError(f"{name} must be 1-D [batch], got shape {x.shape}")
+  return x
+
+
+def _mask(valid, b):
+  return jnp.ones((b,), bool) if valid is None else _rows(valid, bool, "valid")
+
+
+# ----------------------------------------------------------------------------- public operations
+
+def prefill(cache: Cache, slots, tokens, lengths, valid=None) -> tuple[Cache, PrefillOutput]:
+  """Append tokens[b, :lengths[b]] to slot slots[b]; a row starts a new sequence if its slot is
+  empty. slots/lengths [B] int, tokens [B, T] int, valid [B] bool (default all).
+
+  Invariant: afterwards the chunk's last token is the slot's pending token (KV not stored) and
+  every earlier token has its KV stored, so `decode` starts without recomputing anything.
+  Rows with status != OK (see `cache.STATUS_NAMES`) leave their sequence unchanged.
+  """
+  slots = _rows(slots, jnp.int32, "slots")
+  tokens = jnp.asarray(tokens, jnp.int32)
+  if tokens.ndim != 2 or tokens.shape[0] != slots.shape[0]:
+    raise ValueError(f"tokens must be [batch={slots.shape[0]}, T], got shape {tokens.shape}")
+  lengths = _rows(lengths, jnp.int32, "lengths")
+  return _call("prefill", cache, slots, tokens, lengths, _mask(valid, slots.shape[0]))
+
+
+def fork(cache: Cache, parents, children, valid=None) -> tuple[Cache, jax.Array]:
+  """Make each empty slot children[b] a copy of live slot parents[b]: full pages shared by
+  reference count, a partially filled last page copied (at most one new page per child).
+  Returns (cache, status [B]) with cache.OK / INVALID / OUT_OF_PAGES per row."""
+  parents = _rows(parents, jnp.int32, "parents")
+  children = _rows(children, jnp.int32, "children")
+  return _call("fork", cache, parents, children, _mask(valid, parents.shape[0]))
+
+
+def release(cache: Cache, slots, valid=None) -> Cache:
+  """Free the sequences in `slots` [B]; pages whose count reaches zero return to the free list."""
+  slots = _rows(slots, jnp.int32, "slots")
+  cache, _ = _call("release", cache, slots, _mask(valid, slots.shape[0]))
+  return cache
+
+
+def pages_in_use(cache: Cache) -> jax.Array:
+  """Pages currently referenced, per data shard ([num_shards] int32)."""
+  return cache.spec.num_pages - cache.state.num_free
+
+
+def _bucket(x: int, cap: int) -> int:
+  return 0 if x <= 0 else min(cap, 1 << math.ceil(math.log2(x)))
+
+
+def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=None, stop_ids=(),
+           temperature=1.0, top_k: int = 0, top_p: float = 1.0, valid=None,
+           attention: str = "auto", max_shared_pages: int = 256,
+           shared_pages: int | None = None, window_pages: int | None = None
+           ) -> tuple[Cache, D.DecodeOutput]:
+  """Generate one agent turn for rows `slots` [B] in one jitted `lax.while_loop`.
+
+  Each row runs from its pending token until it samples one of `stop_ids`, reaches
+  min(max_tokens[b], budget[b], max_new) new tokens (defaults: max_new), or cannot store more
+  KV. temperature 0 is greedy; top_k (0 = off) and top_p (1.0 = off) are static. Returns
+  DecodeOutput(tokens [B, max_new] (-1 padded), logprobs [B, max_new] under the temperature-1
+  policy, lengths [B], stop_reason [B] (see `decode_turn.REASON_NAMES`)). Check
+  `exhaustion_message` at the turn boundary: rows stopped by OUT_OF_PAGES keep a consistent
+  cache and can continue after pages are released or config.sampler.num_pages is raised.
+
+  attention: "reference" attends every row's whole page table; "cascade" (and "auto") read pages
+  shared by several rows once per step for all rows (at most max_shared_pages of them) plus a
+  per-row private window. Unless shared_pages/window_pages are given, sizes are planned from the
+  cache on the host (one small device-to-host copy per turn, rounded up to powers of two so only
+  a few shapes are compiled).
+  """
+  slots = _rows(slots, jnp.int32, "slots")
+  b = slots.shape[0]
+  valid = _mask(valid, b)
+  mp = cache.spec.max_pages_per_seq
+  if attention not in ("auto", "reference", "cascade"):
+    raise ValueError(f"attention must be auto | reference | cascade, got {attention!r}")
+  if attention == "reference":
+    shared_pages, window_pages = 0, mp
+  elif shared_pages is None or window_pages is None:
+    _, pl = _call("plan", cache, slots, valid)
+    pl = np.asarray(jax.device_get(pl)).reshape(-1, 3)
+    cand, priv, used = int(pl[:, 0].max()), int(pl[:, 1].max()), int(pl[:, 2].max())
+    if shared_pages is None:
+      shared_pages = _bucket(min(cand, max_shared_pages), max_shared_pages)
+    if window_pages is None:
+      window_pages = _bucket(priv if cand <= shared_pages else used, mp) or 1
+  full = lambda x, d: jnp.full((b,), max_new if x is None else x, jnp.int32) if x is None or np.ndim(x) == 0 else _rows(x, jnp.int32, d)  # noqa: E731
+  statics = (("max_new", int(max_new)), ("top_k", int(top_k)), ("top_p", float(top_p)),
+             ("shared_pages", int(shared_pages)), ("window_pages", int(window_pages)))
+  stop = jnp.asarray(list(stop_ids) if not hasattr(stop_ids, "shape") else stop_ids, jnp.int32).reshape(-1)
+  if stop.shape[0] == 0:
+    stop = jnp.full((1,), -1, jnp.int32)
+  return _call("decode", cache, slots, valid, key, full(max_tokens, "max_tokens"),
+               full(budget, "budget"), stop, jnp.float32(temperature), statics=statics)
+
+
+def exhaustion_message(cache: Cache, slots, out: D.DecodeOutput) -> str | None:
+  """None, or a message naming the slots that stopped for lack of pages and the config to raise."""
+  reasons = np.asarray(out.stop_reason)
+  hit = np.asarray(slots)[reasons == D.OUT_OF_PAGES]
+  if hit.size == 0:
+    return None
+  return (f"KV page pool exhausted: slots {hit.tolist()} could not continue (their cache is intact; "
+          f"release finished sequences or raise config.sampler.num_pages, now {cache.spec.num_pages} "
+          f"per shard)")

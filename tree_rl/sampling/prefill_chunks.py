@@ -1,0 +1,84 @@
+"""Prefill: append variable-length token chunks to sequences (one shard, jittable)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from tree_rl.sampling import cache as C
+from tree_rl.sampling.attention import attend, gather_pages
+
+
+def prefill(model, state: C.CacheState, slots: jax.Array, tokens: jax.Array, lengths: jax.Array,
+            valid: jax.Array) -> tuple[C.CacheState, jax.Array, jax.Array, jax.Array]:
+  """Append tokens[b, :lengths[b]] to the sequence in slot slots[b] (a new one if it is empty).
+
+  The slot's pending token (if any) and all but the chunk's last token get their KV stored;
+  the chunk's last token becomes the new pending token. Returns
+  (state, logits [B, V] float32 of each chunk's last token, status [B], computed [B] = tokens
+  run through the model). A row whose status is not OK leaves the cache unchanged.
+  """
+  ps, s = state.k.shape[2], state.lens.shape[0]
+  b, t = tokens.shape
+  mp = state.page_table.shape[1]
+  ok = C.first_occurrence(slots, valid, s) & (lengths > 0) & (lengths <= t)
+  sl = jnp.clip(slots, 0, s - 1)
+  has_pending = state.live[sl]
+  start = jnp.where(has_pending, state.lens[sl], 0)
+  # Effective chunk: [pending, tokens...] for live slots, tokens for new ones. Width t + 1.
+  cat = jnp.concatenate([state.pending[sl][:, None], tokens], axis=1)
+  shift = jnp.where(has_pending, 0, 1)
+  idx = jnp.clip(jnp.arange(t + 1)[None, :] + shift[:, None], 0, t)
+  eff = jnp.take_along_axis(cat, idx, axis=1)
+  eff_len = lengths + has_pending.astype(jnp.int32)
+  write = eff_len - 1                                     # tokens whose KV gets stored
+  have = C.cdiv(start, ps)
+  total = C.cdiv(start + write, ps)
+  fits = total <= mp
+  need = jnp.where(ok & fits, total - have, 0)
+  granted, offset = C.grant_pages(need, state.num_free[0])
+  status = jnp.where(~ok, C.INVALID, jnp.where(~fits, C.SEQ_CAPACITY,
+                                                jnp.where(granted, C.OK, C.OUT_OF_PAGES)))
+  ok = status == C.OK
+  width = C.cdiv(t, ps) + 1
+  new_pages, pop_ok = C.pop_pages(state, offset, jnp.where(ok, need, 0), width)
+  state = C.commit_pop(state, new_pages, pop_ok)
+  cols = jnp.clip(have[:, None] + jnp.arange(width)[None, :], 0, mp - 1)
+  table = C.set_table_entries(state.page_table, sl, cols, new_pages, pop_ok)
+  rows_table = table[sl]                                  # [B, mp]
+
+  positions = start[:, None] + jnp.arange(t + 1)[None, :]
+  j = jnp.arange(t + 1)
+  chunk_mask = (j[None, None, :] <= j[None, :, None]) & (j[None, None, :] < eff_len[:, None, None])
+  prefix_pos = jnp.arange(mp * ps)
+  prefix_mask = jnp.broadcast_to((prefix_pos[None, :] < start[:, None])[:, None, :], (b, t + 1, mp * ps))
+
+  def attend_fn(layer, q, k, v, kvs):
+    pk = gather_pages(state.k[layer], rows_table)
+    pv = gather_pages(state.v[layer], rows_table)
+    out = attend(q, [(pk, pv, prefix_mask), (k, v, chunk_mask)])
+    return out, kvs + ((k, v),)
+
+  hidden, kvs = model.forward(eff, positions, attend_fn, ())
+  last = jnp.take_along_axis(hidden, jnp.clip(eff_len - 1, 0, t)[:, None, None], axis=1)[:, 0]
+  logits = model.logits(last)
+
+  # Store KV of positions start .. start + write - 1.
+  wpos = positions
+  wok = ok[:, None] & (j[None, :] < write[:, None])
+  page = jnp.take_along_axis(rows_table, jnp.clip(wpos // ps, 0, mp - 1), axis=1)
+  page = jnp.where(wok, page, state.k.shape[1])
+  off = wpos % ps
+  ks = jnp.stack([kv[0] for kv in kvs]).astype(state.k.dtype)   # [L, B, t+1, KV, D]
+  vs = jnp.stack([kv[1] for kv in kvs]).astype(state.v.dtype)
+  k_new = state.k.at[:, page, off].set(ks, mode="drop")
+  v_new = state.v.at[:, page, off].set(vs, mode="drop")
+  last_tok = jnp.take_along_axis(eff, jnp.clip(eff_len - 1, 0, t)[:, None], axis=1)[:, 0]
+  rows = jnp.where(ok, sl, s)
+  state = state.replace(
+      k=k_new, v=v_new, page_table=table,
+      lens=state.lens.at[rows].set(start + write, mode="drop"),
+      pending=state.pending.at[rows].set(last_tok, mode="drop"),
+      live=state.live.at[rows].set(True, mode="drop"))
+  computed = jnp.where(ok, eff_len, 0)
+  return state, logits, status, computed

@@ -1,0 +1,43 @@
+"""Token sampling from logits: temperature, top-k, top-p; greedy at temperature 0."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def sample(key: jax.Array, logits: jax.Array, temperature: jax.Array, top_k: int = 0,
+           top_p: float = 1.0) -> tuple[jax.Array, jax.Array]:
+  """logits [B, V] float32 -> (tokens [B] int32, logprob [B] under the temperature-1 policy).
+
+  top_k (0 = off) and top_p (1.0 = off) are static so disabled filters cost nothing;
+  temperature is a traced scalar, and temperature <= 0 means greedy.
+  """
+  logits = logits.astype(jnp.float32)
+  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  t = jnp.asarray(temperature, jnp.float32)
+  scaled = logits / jnp.maximum(t, 1e-6)
+  if top_k and top_k < logits.shape[-1]:
+    vals, idx = jax.lax.top_k(scaled, top_k)
+    if top_p < 1.0:
+      vals = _top_p_filter(vals, top_p)
+    choice = jax.random.categorical(key, vals, axis=-1)
+    sampled = jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0]
+  else:
+    if top_p < 1.0:
+      order = jnp.argsort(-scaled, axis=-1)
+      vals = _top_p_filter(jnp.take_along_axis(scaled, order, axis=-1), top_p)
+      choice = jax.random.categorical(key, vals, axis=-1)
+      sampled = jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
+    else:
+      sampled = jax.random.categorical(key, scaled, axis=-1)
+  tokens = jnp.where(t > 0, sampled.astype(jnp.int32), greedy)
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+
+
+def _top_p_filter(sorted_vals: jax.Array, top_p: float) -> jax.Array:
+  """Keep the smallest prefix of descending logits whose probability mass reaches top_p."""
+  probs = jax.nn.softmax(sorted_vals, axis=-1)
+  before = jnp.cumsum(probs, axis=-1) - probs
+  return jnp.where(before < top_p, sorted_vals, -jnp.inf)
