@@ -56,8 +56,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.sampler = dict(
       page_size=16,             # tokens per KV page
       num_pages=4096,           # KV pages per data shard; raise when rollouts report exhaustion
+      max_pages_per_seq=256,    # page-table width: longest sequence is this * page_size tokens
       kv_dtype="bfloat16",      # KV cache dtype: bfloat16 | float32
-      attention="auto",         # paged attention implementation: auto | reference | pallas
+      attention="auto",         # paged attention: auto (= cascade) | cascade | reference
+      max_shared_pages=256,     # cascade: most pages read once per step for all rows (rest go per row)
   )
   c.rollout = dict(
       method="patr",            # chain | tree_grpo | patr | tree_random
