@@ -16,3 +16,8 @@ from tree_rl.envs.registry import make, register, registered
 from tree_rl.envs.frozenlake import FrozenLake, FrozenLakeParams, FrozenLakeState, distance_to_goal
 
 register("frozenlake", FrozenLake)
+from tree_rl.envs.toolcall import ToolAction, ToolCallEnv, ToolCallParams, ToolCallState
+from tree_rl.envs.toolcall_kb import KnowledgeBase, Question, generate_kb
+from tree_rl.envs.external_tool import ExternalTool
+
+register("toolcall", ToolCallEnv)
