@@ -1,0 +1,82 @@
+"""Page accounting: tree workload bound, pool exhaustion, one trace per shape."""
+
+import math
+
+import chex
+import numpy as np
+import pytest
+
+from tree_rl import sampling
+from tree_rl.sampling import api
+from tree_rl.sampling import stop_reasons as R
+
+from conftest import check_greedy, check_invariants
+from harness import MAX_NEW, Driver
+
+
+def test_tree_workload_page_bound(model):
+  p_len, ps, branches, g = 10, 4, 4, MAX_NEW
+  d = Driver(model, page_size=ps)
+  d.prefill({0: list(range(1, p_len + 1))})
+  assert (d.fork([(0, c) for c in range(1, branches + 1)])[:branches] == sampling.OK).all()
+  out, res = d.decode(list(range(1, branches + 1)), key=3, temperature=1.0)
+  assert (np.asarray(out.lengths)[:branches] == g).all()
+  peak = int(d.cache.state.peak_pages[0])
+  bound = math.ceil(p_len / ps) + branches * math.ceil(g / ps) + branches
+  separate = branches * math.ceil((p_len + g) / ps)
+  assert peak <= bound < separate, (peak, bound, separate)
+  check_invariants(d.cache)
+
+
+def test_pool_exhaustion_is_a_clear_recoverable_signal(model):
+  d = Driver(model, num_pages=12)
+  d.prefill({0: [9, 8, 7, 6, 5, 4]})                       # 5 stored tokens: 2 pages
+  assert (d.fork([(0, 1), (0, 2), (0, 3)])[:3] == sampling.OK).all()   # +3 copied partial pages
+  assert int(sampling.pages_in_use(d.cache)[0]) == 5
+  # 4 rows need 2 pages each (at positions 8 and 12); 7 are free, so the last row stops at 12.
+  out, res = d.decode([0, 1, 2, 3])
+  reasons = np.asarray(out.stop_reason)[:4]
+  np.testing.assert_array_equal(reasons, [R.TURN_LIMIT] * 3 + [R.OUT_OF_PAGES])
+  assert int(out.lengths[3]) == 7
+  msg = sampling.exhaustion_message(d.cache, [0, 1, 2, 3], out)
+  assert "slots [3]" in msg and "config.sampler.num_pages" in msg
+  assert sampling.exhaustion_message(d.cache, [0], _first_row(out)) is None
+  for prefix, new, lps in res.values():
+    check_greedy(model, prefix, new, lps)
+  check_invariants(d.cache)
+  assert int(d.cache.state.num_free[0]) == 0
+  # Prefill and fork refuse rather than overwrite.
+  before = np.asarray(d.cache.state.k).copy()
+  pre = d.prefill({4: list(range(12))})
+  assert int(pre.status[0]) == sampling.OUT_OF_PAGES and 4 not in d.seqs
+  assert int(d.fork([(1, 5)])[0]) == sampling.OUT_OF_PAGES
+  np.testing.assert_array_equal(np.asarray(d.cache.state.k), before)
+  check_invariants(d.cache)
+  # Recover: free a branch, the stopped row continues exactly.
+  d.release([0])
+  _, res = d.decode([3])
+  check_greedy(model, *res[3])
+  check_invariants(d.cache)
+
+
+def _first_row(out):
+  return out.replace(stop_reason=out.stop_reason[:1])
+
+
+def test_each_operation_traces_once_per_shape(model, monkeypatch):
+  monkeypatch.setattr(api, "WRAP", lambda name, fn: chex.assert_max_traces(fn, n=1))
+  api._build.cache_clear()
+  try:
+    d = Driver(model, max_seqs=6, num_pages=40)   # a spec no other test uses
+    for rep in range(3):
+      base = 3 * (rep % 2)
+      d.prefill({base: [rep + 1, 2, 3, 4, 5][: 2 + rep]})
+      d.fork([(base, base + 1), (base, base + 2)])
+      d.decode([base, base + 1, base + 2], key=rep, temperature=float(rep) / 2,
+               attention="cascade", shared_pages=4, window_pages=16)
+      d.prefill({base + 1: [7] * (rep + 1)})
+      d.decode([base + 1], attention="cascade", shared_pages=4, window_pages=16)
+      d.release([base, base + 1, base + 2])
+    assert int(sampling.pages_in_use(d.cache)[0]) == 0
+  finally:
+    api._build.cache_clear()
