@@ -1,0 +1,163 @@
+"""Clipped policy loss against a direct per-token computation, and tree-packed == per-leaf."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from tree_rl.learner import batches, losses, synthetic
+from tree_rl.learner.logprobs import sequence_logprobs
+from tree_rl.models import Transformer
+from tree_rl.models.config import tiny
+
+CLIP = dict(clip_low=0.2, clip_high=0.28)
+
+
+def reference_loss(logp, old, adv, mask, groups, ref, ent, mode, kl_coef, ent_coef):
+  """The objective written out trajectory by trajectory, token by token."""
+  n, t = logp.shape
+  terms = []  # (trajectory, per-token objective)
+  for i in range(n):
+    row = []
+    for j in range(t):
+      if not mask[i, j]:
+        continue
+      rho = np.exp(logp[i, j] - old[i, j])
+      clipped = min(max(rho, 1 - CLIP["clip_low"]), 1 + CLIP["clip_high"])
+      d = ref[i, j] - logp[i, j]
+      kl = np.exp(d) - d - 1
+      row.append(-min(rho * adv[i], clipped * adv[i]) + kl_coef * kl - ent_coef * ent[i, j])
+    terms.append(row)
+  valid = [i for i in range(n) if terms[i]]
+  if mode == "token_sum":
+    return sum(sum(r) for r in terms)
+  if mode == "token_mean":
+    return sum(sum(r) for r in terms) / sum(len(r) for r in terms)
+  per_traj = {i: sum(terms[i]) / len(terms[i]) for i in valid}
+  if mode == "traj_mean":
+    return sum(per_traj.values()) / len(valid)
+  by_group = {}
+  for i in valid:
+    by_group.setdefault(groups[i], []).append(per_traj[i])
+  return sum(sum(v) / len(v) for v in by_group.values()) / len(by_group)
+
+
+@pytest.mark.parametrize("mode", losses.AGGREGATIONS)
+def test_policy_loss_matches_direct_computation(mode):
+  rng = np.random.default_rng(1)
+  n, t = 6, 7
+  logp = -rng.exponential(size=(n, t)).astype(np.float32)
+  old = (logp + rng.normal(scale=0.4, size=(n, t))).astype(np.float32)
+  ref = (logp + rng.normal(scale=0.3, size=(n, t))).astype(np.float32)
+  ent = rng.uniform(0, 3, size=(n, t)).astype(np.float32)
+  adv = np.array([1.5, -0.7, 0.0, 2.0, -1.0, 0.3], np.float32)
+  mask = rng.uniform(size=(n, t)) < 0.6
+  mask[:, 0] = False
+  mask[5] = False                       # an invalid (empty) trajectory
+  groups = np.array([4, 4, 9, 9, 9, 4])
+  loss, metrics = losses.policy_loss(logp, old, adv, mask, group_ids=groups, ref_logp=ref,
+                                     entropy=ent, aggregation=mode, kl_coef=0.1,
+                                     entropy_coef=0.01, **CLIP)
+  want = reference_loss(logp, old, adv, mask, groups, ref, ent, mode, 0.1, 0.01)
+  np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+  rho = np.exp(logp - old)[mask]
+  if mode == "token_mean":  # uniform weights: plain token fractions and means
+    outside = (rho < 0.8) | (rho > 1.28)
+    np.testing.assert_allclose(float(metrics["clip_frac"]), outside.mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["ratio_mean"]), rho.mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["entropy"]), ent[mask].mean(), rtol=1e-5)
+  np.testing.assert_allclose(float(metrics["ratio_max"]), rho.max(), rtol=1e-6)
+  np.testing.assert_allclose(float(metrics["ratio_min"]), rho.min(), rtol=1e-6)
+  assert 0 < float(metrics["clip_frac"]) < 1
+
+
+def test_clipping_stops_the_gradient_on_the_clipped_side():
+  logp = jnp.log(jnp.array([[0.5, 0.5, 0.5, 0.5]]))
+  old = jnp.log(jnp.array([[0.5, 0.3, 0.5, 0.7]]))   # rho = 1, 1.67, 1, 0.71
+  mask = jnp.array([[False, True, True, True]])
+  g_pos = jax.grad(lambda lp: losses.policy_loss(lp, old, jnp.array([1.0]), mask,
+                                                 aggregation="token_sum", **CLIP)[0])(logp)
+  g_neg = jax.grad(lambda lp: losses.policy_loss(lp, old, jnp.array([-1.0]), mask,
+                                                 aggregation="token_sum", **CLIP)[0])(logp)
+  # A > 0: rho = 1.67 > 1.28 is clipped (zero gradient), rho = 0.71 is not (pessimistic min).
+  np.testing.assert_allclose(g_pos, [[0.0, 0.0, -1.0, -0.7 / 0.7 * 0.5 / 0.7]], rtol=1e-5)
+  # A < 0: rho = 0.71 < 0.8 is clipped, rho = 1.67 is not.
+  np.testing.assert_allclose(g_neg, [[0.0, 0.5 / 0.3, 1.0, 0.0]], rtol=1e-5)
+
+
+def test_packed_positions_and_predecessors_of_a_small_tree():
+  # root: 2 prompt tokens; A (3 tokens) and B (2 tokens) under the root; C (1 token) under A.
+  tree = batches.Tree(parent=[-1, 0, 0, 1], spans=[[0, 2], [2, 5], [5, 7], [7, 8]],
+                      tokens=np.arange(10, 18), loss_mask=np.array([0, 0, 1, 1, 0, 1, 1, 1], bool),
+                      old_logp=np.zeros(8, np.float32), advantages=np.array([0, 0, -2.0, 1.0]))
+  pb = batches.pack_trees([tree], seq_len=10, max_nodes=5, aggregation="token_sum")
+  np.testing.assert_array_equal(pb.positions[0, :8], [0, 1, 2, 3, 4, 2, 3, 5])
+  np.testing.assert_array_equal(pb.pred_index[0, :8], [0, 0, 1, 2, 3, 1, 5, 4])
+  np.testing.assert_array_equal(pb.node_ids[0], [0, 0, 1, 1, 1, 2, 2, 3, -1, -1])
+  # Leaves are B (A = -2) and C (A = +1); A's tokens lie under C only, the root's under both.
+  np.testing.assert_array_equal(pb.pos_weight[0, :8], [0, 0, 1, 1, 0, 0, 0, 1])
+  np.testing.assert_array_equal(pb.neg_weight[0, :8], [0, 0, 0, 0, 0, 2, 2, 0])
+  mask = np.asarray(batches.packed_attention_mask(pb.node_ids, pb.ancestors))[0]
+  assert mask[7, :8].tolist() == [1, 1, 1, 1, 1, 0, 0, 1]      # C sees root, A, itself
+  assert mask[6, :8].tolist() == [1, 1, 0, 0, 0, 1, 1, 0]      # B sees root and itself
+  lb = batches.leaf_batch([tree], seq_len=8)
+  np.testing.assert_array_equal(lb.tokens, [[10, 11, 15, 16, 0, 0, 0, 0],
+                                            [10, 11, 12, 13, 14, 17, 0, 0]])
+
+
+def _model_logp(model, pb):
+  mask = batches.packed_attention_mask(pb.node_ids, pb.ancestors)
+  return sequence_logprobs(model, pb.tokens, positions=pb.positions, pred_index=pb.pred_index,
+                           attention_mask=mask)[0]
+
+
+def test_packed_loss_and_gradients_equal_per_leaf():
+  """fp32, highest matmul precision: loss to rtol 1e-5, gradients to 1e-5 of their max."""
+  vocab = 64
+  rng = np.random.default_rng(0)
+  model = Transformer(tiny(vocab), rngs=nnx.Rngs(3))
+  graph, params = nnx.split(model)
+  trees = [synthetic.random_tree(rng, int(rng.integers(1, 8)), vocab, group_id=g // 3)
+           for g in range(9)]
+  # Old log-probs near the model's own, so some ratios fall inside and some outside the clip range.
+  for tree in trees:
+    one = batches.pack_trees([tree], seq_len=len(tree.tokens), max_nodes=tree.num_nodes)
+    logp = np.asarray(_model_logp(model, one))[0]
+    tree.old_logp = (logp + rng.normal(scale=0.4, size=logp.shape)).astype(np.float32)
+  lb = batches.leaf_batch(trees, seq_len=48)
+  kw = dict(kl_coef=0.05, entropy_coef=0.01, **CLIP)
+
+  def leaf_loss(params, pos, neg, w):
+    m = nnx.merge(graph, params)
+    logp, ent = sequence_logprobs(m, lb.tokens, with_entropy=True)
+    loss, stats = losses.weighted_policy_loss(logp, lb.old_logp, pos, neg, w,
+                                              ref_logp=lb.ref_logp, entropy=ent, **kw)
+    return loss, losses.finalize_metrics(stats)
+
+  def packed_loss(params, pb):
+    m = nnx.merge(graph, params)
+    mask = batches.packed_attention_mask(pb.node_ids, pb.ancestors)
+    logp, ent = sequence_logprobs(m, pb.tokens, positions=pb.positions, pred_index=pb.pred_index,
+                                  attention_mask=mask, with_entropy=True)
+    loss, stats = losses.weighted_policy_loss(logp, pb.old_logp, pb.pos_weight, pb.neg_weight,
+                                              pb.weight, ref_logp=pb.ref_logp, entropy=ent, **kw)
+    return loss, losses.finalize_metrics(stats)
+
+  leaf_vg = jax.jit(jax.value_and_grad(leaf_loss, has_aux=True))
+  packed_vg = jax.jit(jax.value_and_grad(packed_loss, has_aux=True))
+  for mode in losses.AGGREGATIONS:
+    w = losses.leaf_token_weights(jnp.asarray(lb.loss_mask), lb.group_ids, mode)
+    pos, neg = losses.split_by_sign(lb.advantages, w)
+    pb = batches.pack_trees(trees, seq_len=64, max_nodes=24, aggregation=mode, rows=5)
+    (l1, m1), g1 = leaf_vg(params, pos, neg, w)
+    (l2, m2), g2 = packed_vg(params, pb)
+    np.testing.assert_allclose(float(l2), float(l1), rtol=1e-5, err_msg=mode)
+    scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g1))
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+      np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5 * scale, err_msg=mode)
+    for k in ("clip_frac", "kl", "entropy", "ratio_max", "ratio_min"):
+      np.testing.assert_allclose(float(m2[k]), float(m1[k]), rtol=1e-5, err_msg=f"{mode} {k}")
+    assert 0.1 < float(m1["clip_frac"]) < 0.9, "clipping should be active on part of the tokens"
+    assert (lb.advantages > 0).any() and (lb.advantages < 0).any()
+  assert leaf_vg._cache_size() == 1 and packed_vg._cache_size() == 1  # traced once
