@@ -204,11 +204,44 @@ def _global_array(value: np.ndarray, sharding_: NamedSharding) -> jax.Array:
   return jax.make_array_from_callback(value.shape, sharding_, lambda idx: value[idx])
 
 
+def validate_config(config) -> None:
+  """Check `config.learner` and `config.mesh`; errors name the field and the known values."""
+  from tree_rl.learner import advantages, logprobs
+
+  lcfg = config.learner
+  if lcfg.advantage not in advantages.names():
+    raise ValueError(f"learner.advantage={lcfg.advantage!r} is not registered; "
+                     f"known: {advantages.names()}")
+  losses.check_aggregation(lcfg.aggregation)
+  if lcfg.attention not in logprobs.ATTENTION:
+    raise ValueError(f"learner.attention={lcfg.attention!r}; known: {logprobs.ATTENTION}")
+  if lcfg.remat not in logprobs.REMAT:
+    raise ValueError(f"learner.remat={lcfg.remat!r}; known: {logprobs.REMAT}")
+  if lcfg.lr_schedule not in ("constant", "cosine"):
+    raise ValueError(f"learner.lr_schedule={lcfg.lr_schedule!r}; known: ('constant', 'cosine')")
+  if lcfg.microbatches < 1:
+    raise ValueError(f"learner.microbatches={lcfg.microbatches} must be >= 1")
+  if not (0 <= lcfg.clip_low < 1 and lcfg.clip_high >= 0):
+    raise ValueError(f"learner.clip_low={lcfg.clip_low} must be in [0, 1) and "
+                     f"learner.clip_high={lcfg.clip_high} >= 0")
+  if len(config.mesh.axis_names) != len(config.mesh.shape):
+    raise ValueError(f"mesh.axis_names={tuple(config.mesh.axis_names)} and "
+                     f"mesh.shape={tuple(config.mesh.shape)} differ in length")
+  for name, axes in config.mesh.rules:
+    axes = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+    unknown = [a for a in axes if a not in tuple(config.mesh.axis_names)]
+    if unknown:
+      raise ValueError(f"mesh.rules maps {name!r} to unknown mesh axes {unknown}; "
+                       f"mesh.axis_names={tuple(config.mesh.axis_names)}")
+
+
 def make_train_step(config, model: nnx.Module, *, mesh=None) -> TrainStep:
   """The sharded update for `model` under `config.learner` and `config.mesh`.
 
-  Calls `jax.distributed.initialize` first when `config.mesh.distributed` is set. The compute
-  dtype is the model's `dtype`; master weights are float32.
+  The compute dtype is the model's `dtype` (build it with `config.model.dtype`); master weights
+  are float32. Multi-host: call `sharding.maybe_initialize_distributed(config.mesh)` before
+  creating the model (any JAX computation); it is a no-op when already initialised.
   """
+  validate_config(config)
   sharding.maybe_initialize_distributed(config.mesh)
   return TrainStep(config, model, mesh=mesh)
