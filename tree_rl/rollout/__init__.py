@@ -1,6 +1,13 @@
 """Tree rollouts: one engine, method policies (chain, tree_grpo, patr, tree_random), process
-scorers and budget accounting."""
+scorers and budget accounting.
 
-from tree_rl.rollout import budget, routing, scorers, sequences, tree
+    engine = Engine(env, tokenizer, max_turns=..., max_tokens_per_turn=...)
+    policy = methods.get(config.rollout.method)(config.rollout)
+    out, cache = run(engine, policy, cache, env_states, key, scorer=scorers.build(config.scorer, env=env))
+"""
+
+from tree_rl.rollout import budget, methods, routing, scorers, sequences, tree
 from tree_rl.rollout.budget import Budget
+from tree_rl.rollout.driver import RolloutOutput, learner_inputs, learner_trees, run
+from tree_rl.rollout.engine import Engine, Layout, RolloutError
 from tree_rl.rollout.tree import Tree

@@ -37,8 +37,7 @@ class Budget:
 
   @staticmethod
   def zeros(num_prompts: int) -> "Budget":
-    z = jnp.zeros((num_prompts,), jnp.int32)
-    return Budget(z, z, z, z, z, z, z)
+    return Budget(*(jnp.zeros((num_prompts,), jnp.int32) for _ in range(7)))
 
   def add(self, **counts) -> "Budget":
     """Add per-prompt counts ([P] arrays) to the named counters."""

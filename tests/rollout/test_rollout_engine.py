@@ -1,0 +1,214 @@
+"""The engine and the four methods on FrozenLake with the tiny model (CPU)."""
+
+import functools
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from rollout_helpers import CAPACITY, moves_model, rollout_config  # noqa: E402
+
+from tree_rl.envs.frozenlake import FROZEN, GOAL, HOLE, PAD, FrozenLake  # noqa: E402
+from tree_rl.models.tokenizers import BuiltinTokenizer  # noqa: E402
+from tree_rl.rollout import methods, scorers, sequences  # noqa: E402
+from tree_rl.rollout.driver import learner_inputs, learner_trees, run  # noqa: E402
+from tree_rl.rollout.engine import Engine, Layout  # noqa: E402
+
+P = 2
+TOK = BuiltinTokenizer()
+
+
+@functools.lru_cache(maxsize=None)
+def setup():
+  env = FrozenLake("rllm", tokenizer=TOK, min_size=2, max_size=4, max_reply_tokens=6)
+  model = moves_model(TOK)
+  engine = Engine(env, TOK, max_turns=3, max_tokens_per_turn=6, attention="reference",
+                  row_buckets="full")
+  f, h, g, x = FROZEN, HOLE, GOAL, PAD
+  maps = [  # 4x4 with the goal far away; 3x3 with the goal three moves from the start
+      ([[f, f, f, f], [f, f, h, f], [f, f, f, f], [f, f, f, g]], 4, (0, 0)),
+      ([[f, f, f, x], [f, f, g, x], [h, f, f, x], [x, x, x, x]], 3, (0, 0)),
+  ]
+  states = [env.init_state(jnp.array(t), n, n, jnp.array(s)) for t, n, s in maps]
+  states = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+  cache = engine.new_cache(model, Layout(P, CAPACITY, 4, 2), num_pages=400, page_size=16,
+                           kv_dtype="float32")
+  return env, model, engine, states, [cache]
+
+
+def rollout(method, seed=0, scorer="heuristic", **overrides):
+  env, model, engine, states, cache_box = setup()
+  cfg = rollout_config(**overrides)
+  policy = methods.get(method)(cfg.rollout)
+  sc = None
+  if policy.score_every:
+    scfg = cfg.scorer
+    scfg.name = policy.scorer_override or scorer
+    sc = scorers.build(scfg, env=env)
+  out, cache_box[0] = run(engine, policy, cache_box[0], states, jax.random.key(seed), scorer=sc,
+                          capacity=CAPACITY, budget=cfg.rollout.budget,
+                          budget_unit=cfg.rollout.budget_unit)
+  return jax.device_get(out), policy
+
+
+cached = functools.lru_cache(maxsize=None)(rollout)
+
+
+def children(tree, p):
+  kids = {}
+  for i in np.nonzero(tree.used[p])[0]:
+    kids.setdefault(int(tree.parent[p, i]), []).append(int(i))
+  return kids
+
+
+def test_tree_grpo_leaf_count_and_expansion_points():
+  out, _ = cached("tree_grpo")
+  t = out.tree
+  m, n, l = 2, 2, 1
+  for p in range(P):
+    leaves = np.nonzero(t.is_leaf[p])[0]
+    assert len(leaves) == m * (l * n + 1)
+    assert np.asarray(out.valid[p]).sum() == m * (l * n + 1)
+    for tree_id in range(m):
+      assert (t.tree_id[p, leaves] == tree_id).sum() == l * n + 1
+    ended = t.finished[p] | t.truncated[p]
+    for parent, kids in children(t, p).items():
+      if parent >= 0:   # every expansion starts at a root or a non-leaf node
+        assert not ended[parent] and (t.depth[p, parent] == 0 or t.num_children[p, parent] > 0)
+        assert all(t.tree_id[p, k] == t.tree_id[p, parent] for k in kids)
+  # K-leaf subsampling keeps K random leaves per tree.
+  sub, _ = cached("tree_grpo", keep_leaves=2)
+  for p in range(P):
+    assert sub.tree.is_leaf[p].sum() == 6
+    for tree_id in range(m):
+      assert (np.asarray(sub.valid[p]) & (np.asarray(sub.tree_id[p]) == tree_id)).sum() == 2
+
+
+@pytest.mark.parametrize("method", ["tree_grpo", "patr"])
+def test_branch_logprobs_equal_dense_forward_over_root_to_leaf(method):
+  out, _ = cached(method)
+  _, model, engine, _, _ = setup()
+  seqs = jax.device_get(sequences.path_sequences(out.tree, jnp.asarray(out.leaf),
+                                                 engine.max_context(), engine.max_turns))
+  width = int(seqs.lengths.max())
+  toks = jnp.asarray(seqs.tokens[..., :width]).reshape(-1, width)
+  logp = jax.nn.log_softmax(model(toks), axis=-1)
+  dense = jnp.take_along_axis(logp[:, :-1], toks[:, 1:, None], axis=-1)[..., 0]
+  dense = np.asarray(dense).reshape(P, -1, width - 1)
+  mask = seqs.loss_mask[..., 1:width] & np.asarray(out.leaf >= 0)[..., None]
+  assert mask.sum() > 20
+  np.testing.assert_allclose(seqs.logprobs[..., 1:width][mask], dense[mask], atol=2e-4)
+
+
+def test_forked_frozenlake_branch_continues_from_the_node_state():
+  out, _ = cached("tree_grpo")
+  env = setup()[0]
+  t = out.tree
+  state = lambda p, i: jax.tree.map(lambda x: jnp.asarray(x[p, i]), t.env_state)  # noqa: E731
+  step = jax.jit(lambda s, a: env.step(jax.random.key(0), s, a)[0])
+  parse = jax.jit(env.parse_action)
+  expansions_away_from_start = 0
+  for p in range(P):
+    root_state = state(p, 0)
+    kids = children(t, p)
+    for i in np.nonzero(t.used[p] & (t.depth[p] > 0))[0]:
+      par = int(t.parent[p, i])
+      toks = jnp.asarray(t.tokens[p, i, :engine_max_new()])
+      action = parse(toks, jnp.int32(t.policy_len[p, i]))
+      replay = step(state(p, par), action)
+      np.testing.assert_array_equal(np.asarray(replay.pos), t.env_state.pos[p, i])
+      np.testing.assert_array_equal(np.asarray(replay.steps), t.env_state.steps[p, i])
+      from_start = step(root_state, action)
+      forked = len(kids.get(par, [])) > 1 and t.depth[p, par] > 0
+      if forked and not np.array_equal(np.asarray(from_start.pos), t.env_state.pos[p, i]):
+        expansions_away_from_start += 1
+  assert expansions_away_from_start > 0
+
+
+def engine_max_new():
+  return setup()[2].max_new
+
+
+def hand_budget(out, num_trees):
+  t = out.tree
+  got = {k: np.asarray(v) for k, v in out.budget.as_dict().items()}
+  for p in range(P):
+    nodes = np.nonzero(t.used[p] & (t.depth[p] > 0))[0]
+    prompt_len = t.obs_len[p, 0]
+    nc = t.num_children[p]
+    extra = np.maximum(nc - 1, 0) * t.used[p]
+    want = dict(
+        generated=t.policy_len[p, nodes].sum(),
+        env_steps=len(nodes), tool_calls=len(nodes),
+        # the prompt once; each observation plus the turn's last token, which waits in the cache
+        prefilled=prompt_len + sum(t.obs_len[p, i] + 1 for i in nodes if t.obs_len[p, i] > 0),
+        forks=extra.sum() + (num_trees - 1),
+        reused=(extra * t.ctx_len[p]).sum() + (num_trees - 1) * prompt_len,
+        pruned=t.pruned[p].sum())
+    for k, v in want.items():
+      assert got[k][p] == v, (k, p, got[k][p], v)
+
+
+@pytest.mark.parametrize("method,trees", [("chain", 1), ("tree_grpo", 2), ("patr", 1),
+                                          ("tree_random", 1)])
+def test_budget_counts_equal_hand_count(method, trees):
+  out, _ = cached(method)
+  hand_budget(out, trees)
+  assert out.stats["trajectories"] > 0 and out.stats["peak_pages"] > 0
+
+
+def test_same_seed_same_rollout_and_different_seed_differs():
+  a, _ = rollout("patr", seed=3)
+  b, _ = rollout("patr", seed=3)
+  c, _ = rollout("patr", seed=4)
+  for field in ("parent", "tokens", "logprobs", "policy_len", "score", "pruned"):
+    np.testing.assert_array_equal(getattr(a.tree, field), getattr(b.tree, field))
+  assert not np.array_equal(a.tree.tokens, c.tree.tokens)
+
+
+def test_chain_group_and_patr_pruned_branches_stay_in_group():
+  out, _ = cached("chain")
+  for p in range(P):
+    assert out.tree.num_children[p, 0] == 4 and np.asarray(out.valid[p]).sum() == 4
+  out, policy = cached("patr")
+  t = out.tree
+  assert t.pruned.sum() > 0                    # Theta = 2: moves repeat quickly
+  leaf_pruned = np.asarray(t.pruned)[np.arange(P)[:, None], np.maximum(out.leaf, 0)]
+  assert (np.asarray(out.valid) & leaf_pruned).sum() == t.pruned.sum()
+  dropped, _ = cached("patr", keep_pruned=False)
+  leaf_pruned = np.asarray(dropped.tree.pruned)[np.arange(P)[:, None], np.maximum(dropped.leaf, 0)]
+  assert not (np.asarray(dropped.valid) & leaf_pruned).any()
+  for p in range(P):   # never more branches than the cap
+    assert t.is_leaf[p].sum() <= policy.max_branches
+  assert np.isfinite(t.score[t.used & (t.depth > 0) & ~t.finished]).any()
+
+
+def test_budget_mode_stops_new_work():
+  free, _ = cached("chain")
+  capped, _ = cached("chain", budget=12, budget_unit="generated")
+  spent = np.asarray(capped.budget.generated)
+  assert (spent >= 12).all() and (spent < np.asarray(free.budget.generated)).all()
+  # a turn in flight finishes: at most one turn per active branch past the budget
+  assert (spent <= 12 + 4 * 6).all()
+
+
+def test_learner_formats():
+  out, _ = cached("tree_grpo")
+  from tree_rl.learner import advantages, batches
+  inp = learner_inputs(out)
+  adv = advantages.get("tree_grpo")(**inp)
+  trees = learner_trees(out, adv)
+  assert len(trees) == P * 2
+  leaf = batches.leaf_batch(trees, seq_len=setup()[2].max_context())
+  rows = np.asarray(leaf.tokens)
+  assert rows.shape[0] == int(np.asarray(inp["valid"]).sum())
+  seqs = jax.device_get(sequences.path_sequences(out.tree, jnp.asarray(out.leaf),
+                                                 setup()[2].max_context(), 3))
+  mine = {tuple(s[:n]) for s, n in zip(seqs.tokens.reshape(-1, seqs.tokens.shape[-1]),
+                                        seqs.lengths.reshape(-1)) if n}
+  theirs = {tuple(r[:np.nonzero(r)[0].max() + 1]) for r in rows}
+  assert theirs <= mine

@@ -1,0 +1,206 @@
+"""Run a rollout method on the engine and package the result for the learner.
+
+    engine = Engine(env, tokenizer, max_turns=..., max_tokens_per_turn=...)
+    policy = methods.get(config.rollout.method)(config.rollout)
+    out, cache = run(engine, policy, cache, env_states, key, scorer=scorer)
+
+`RolloutOutput` holds the tree, the group's leaves ([P, L]: node ids, kept mask, outcome
+rewards, tree ids), the per-prompt budget and statistics. `learner_inputs` flattens the leaves
+for `tree_rl.learner.advantages`; `learner_trees` builds `tree_rl.learner.batches.Tree`s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from tree_rl.rollout import scorers as scorer_lib
+from tree_rl.rollout.budget import Budget, check_unit, exhausted
+from tree_rl.rollout.engine import Engine, Layout, RolloutState
+from tree_rl.rollout.methods import Policy, alive
+from tree_rl.rollout.tree import Tree, gather, leaf_ids, scatter
+
+
+@struct.dataclass
+class RolloutOutput:
+  tree: Tree
+  leaf: jax.Array        # int32 [P, L] leaf node ids (-1 fill)
+  valid: jax.Array       # bool [P, L] leaves in the training group
+  reward: jax.Array      # float32 [P, L] outcome reward (sum of step rewards on the path)
+  tree_id: jax.Array     # int32 [P, L] tree index within the prompt
+  budget: Budget
+  stats: dict
+
+
+def max_leaves(policy: Policy) -> int:
+  if policy.name == "tree_grpo":
+    return policy.num_trees * (1 + policy.expand_iterations * policy.expand_nodes)
+  return policy.slots
+
+
+def _scatter_frontier(field, frontier, values):
+  return scatter(field, jnp.where(frontier >= 0, frontier, -1), values)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 7, 8))
+def _boundary(policy: Policy, tree, budget, frontier, pstate, scores, key, limit, unit):
+  go = alive(tree, frontier)
+  parents, pstate, pruned = policy.next(tree, frontier, pstate, scores, key)
+  over = exhausted(budget, limit, unit)
+  parents = jnp.where(over[:, None], -1, parents)
+  continued = jnp.any(frontier[:, :, None] == jnp.where(parents >= 0, parents, -2)[:, None, :], axis=2)
+  pruned = go & pruned
+  stopped = go & ~continued & ~pruned
+  tree = tree.replace(
+      pruned=_scatter_frontier(tree.pruned, jnp.where(pruned, frontier, -1), jnp.ones_like(pruned)),
+      truncated=_scatter_frontier(tree.truncated, jnp.where(stopped, frontier, -1),
+                                  jnp.ones_like(stopped)))
+  if scores is not None:
+    tree = tree.replace(score=_scatter_frontier(tree.score, jnp.where(go, frontier, -1), scores))
+  budget = budget.add(pruned=jnp.sum(pruned, axis=1))
+  p_idx = jnp.arange(tree.num_prompts)[:, None]
+  release = jnp.zeros(tree.used.shape, bool).at[
+      p_idx, jnp.where(pruned | stopped, frontier, tree.capacity)].set(True, mode="drop")
+  return parents, pstate, tree, budget, release
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _first(policy: Policy, tree, pstate):
+  return policy.first(tree, pstate)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _score_input(tree, nodes, max_len, max_depth):
+  return scorer_lib.score_input(tree, nodes, max_len, max_depth)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _finish(policy: Policy, tree, key, width):
+  keep = policy.keep_leaves(tree, key)
+  ids, mask = leaf_ids(tree, width)
+  valid = mask & gather(keep, ids)
+  reward = jnp.where(mask, gather(tree.ret, ids), 0.0)
+  tid = jnp.where(mask, gather(tree.tree_id, ids), -1)
+  return ids, valid, reward, tid
+
+
+def run(engine: Engine, policy: Policy, cache, env_states, key, *, prompt_ids=None,
+        scorer=None, budget: int = 0, budget_unit: str = "generated",
+        capacity: int | None = None) -> tuple[RolloutOutput, Any]:
+  """Roll out `policy` for the prompts whose initial env states are `env_states` (leading [P]).
+
+  scorer: a built process scorer (`scorers.build`), needed by scoring policies. Returns the
+  output and the cache (all its pages released). capacity: node slots per prompt when more
+  than the policy needs (lets several methods share one cache shape).
+  """
+  check_unit(budget_unit)
+  if policy.score_every and scorer is None:
+    raise ValueError(f"rollout method {policy.name!r} needs a process scorer (config.scorer.name)")
+  p = jax.tree.leaves(env_states)[0].shape[0]
+  need = policy.capacity(engine.max_turns)
+  if capacity is not None and capacity < need:
+    raise ValueError(f"capacity={capacity} is below the {need} nodes per prompt {policy.name!r} needs")
+  layout = Layout(num_prompts=p, capacity=capacity or need, slots=policy.slots,
+                  num_trees=policy.num_trees)
+  rs = engine.start(cache, env_states, layout, prompt_ids)
+  pstate = policy.init(p)
+  parents, pstate = _first(policy, rs.tree, pstate)
+  max_len = engine.max_context()
+  while True:
+    k_turn, k_score, k_route = jax.random.split(jax.random.fold_in(key, rs.turns), 3)
+    rs, frontier = engine.advance(rs, parents, k_turn, keep_parents=policy.keep_contexts)
+    scores = None
+    if policy.score_every and rs.turns % policy.score_every == 0:
+      nodes = jnp.where(alive(rs.tree, frontier), frontier, -1)
+      inp = _score_input(rs.tree, nodes, max_len, engine.max_turns)
+      scores = scorer(inp, k_score).reshape(frontier.shape)
+    parents, pstate, tree, bud, release = _boundary(policy, rs.tree, rs.budget, frontier, pstate,
+                                                    scores, k_route, int(budget), budget_unit)
+    rs = engine.release(dataclasses.replace(rs, tree=tree, budget=bud), release)
+    if not bool(jnp.any(parents >= 0)):
+      break
+  rs = engine.release(rs, rs.live)
+  ids, valid, reward, tid = _finish(policy, rs.tree, jax.random.fold_in(key, 2**31 - 1), max_leaves(policy))
+  out = RolloutOutput(tree=rs.tree, leaf=ids, valid=valid, reward=reward, tree_id=tid,
+                      budget=rs.budget, stats=statistics(rs, ids, valid, reward))
+  return out, rs.cache
+
+
+def statistics(rs: RolloutState, ids, valid, reward) -> dict:
+  """Host-side summary: success rate, turns, depth, pruned, budget per prompt and trajectory."""
+  tree = rs.tree
+  v = np.asarray(valid)
+  depth = np.asarray(gather(tree.depth, ids))
+  r = np.asarray(reward)
+  n = max(int(v.sum()), 1)
+  b = {k: np.asarray(x) for k, x in rs.budget.as_dict().items()}
+  out = {
+      "trajectories": int(v.sum()),
+      "success_rate": float((r[v] > 0).sum() / n),
+      "mean_reward": float(r[v].sum() / n),
+      "mean_turns": float(depth[v].sum() / n),
+      "max_depth": int(depth[v].max()) if v.any() else 0,
+      "nodes": int(np.asarray(tree.size).sum()),
+      "pruned": int(np.asarray(tree.pruned).sum()),
+      "turns": rs.turns,
+      "peak_pages": int(rs.peak_pages),
+  }
+  for k, x in b.items():
+    out[f"budget/{k}"] = int(x.sum())
+  out["budget/no_sharing_prefilled"] = int(b["prefilled"].sum() + b["reused"].sum())
+  return out
+
+
+# ------------------------------------------------------------------------------- learner
+
+
+def learner_inputs(out: RolloutOutput) -> dict:
+  """Flat [P*L] arrays for `tree_rl.learner.advantages` estimators: rewards, prompt_ids,
+  tree_ids (unique per prompt and tree), valid."""
+  p, l = out.leaf.shape
+  pid = jnp.broadcast_to(out.tree.prompt_id[:, None], (p, l))
+  m = jnp.max(out.tree.tree_id) + 1
+  return dict(rewards=out.reward.reshape(-1), prompt_ids=pid.reshape(-1),
+              tree_ids=(pid * m + jnp.maximum(out.tree_id, 0)).reshape(-1),
+              valid=out.valid.reshape(-1))
+
+
+def learner_trees(out: RolloutOutput, advantages) -> list:
+  """One `tree_rl.learner.batches.Tree` per (prompt, tree) with the leaves' advantages.
+
+  advantages: [P * L] or [P, L] per leaf (as `learner_inputs` orders them).
+  """
+  from tree_rl.learner.batches import Tree as LearnerTree
+
+  t = jax.device_get(out.tree)
+  adv = np.asarray(advantages, np.float32).reshape(out.leaf.shape)
+  leaf, valid = np.asarray(out.leaf), np.asarray(out.valid)
+  trees = []
+  for p in range(t.parent.shape[0]):
+    used = np.nonzero(t.used[p])[0]
+    for tid in np.unique(t.tree_id[p, used]):
+      nodes = used[t.tree_id[p, used] == tid]
+      local = {int(n): i for i, n in enumerate(nodes)}
+      parent = np.array([local.get(int(t.parent[p, n]), -1) for n in nodes])
+      lens = t.policy_len[p, nodes] + t.obs_len[p, nodes]
+      ends = np.cumsum(lens)
+      spans = np.stack([ends - lens, ends], axis=1)
+      toks = np.concatenate([t.tokens[p, n, :k] for n, k in zip(nodes, lens)])
+      mask = np.concatenate([np.arange(k) < t.policy_len[p, n] for n, k in zip(nodes, lens)])
+      logp = np.concatenate([t.logprobs[p, n, :k] for n, k in zip(nodes, lens)])
+      node_adv = np.zeros(len(nodes), np.float32)
+      leaf_valid = np.zeros(len(nodes), bool)
+      for j in range(leaf.shape[1]):
+        if leaf[p, j] >= 0 and int(leaf[p, j]) in local:
+          node_adv[local[int(leaf[p, j])]] = adv[p, j]
+          leaf_valid[local[int(leaf[p, j])]] = valid[p, j]
+      trees.append(LearnerTree(parent=parent, spans=spans, tokens=toks, loss_mask=mask,
+                               old_logp=logp.astype(np.float32), advantages=node_adv,
+                               group_id=int(t.prompt_id[p]), leaf_valid=leaf_valid))
+  return trees

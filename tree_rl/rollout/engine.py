@@ -1,0 +1,317 @@
+"""The one rollout engine: agent turns over a tree of sampler sequences and env-state snapshots.
+
+An agent turn for a set of (parent node -> new child node) requests:
+
+    fork the parent's sampler sequence into the child's slot (shared pages)   [sampler]
+    decode one turn for every child                                           [sampler]
+    parse the action, step the env from the parent's state snapshot, render   [env, one jit]
+      the observation, write the child node into the tree, charge the budget
+    prefill the observation tokens into the child's sequence                  [sampler]
+
+Every node keeps its context in its own sampler slot (`slot = prompt * capacity + node`) and its
+env state in the tree, so a branch can start from any kept node: a parent listed m times forks
+into m children that continue the real environment state. Host round trips happen only at
+turn boundaries (a handful of jitted calls per turn). Method policies (`methods.py`) only choose
+the parents of the next turn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tree_rl import sampling
+from tree_rl.rollout import tree as tree_lib
+from tree_rl.rollout.budget import Budget, per_parent_forks
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Static shape of one rollout batch."""
+
+  num_prompts: int   # P
+  capacity: int      # N node slots per prompt
+  slots: int         # S branches per prompt per turn
+  num_trees: int     # trees per prompt (roots at nodes 0..num_trees-1)
+
+
+@dataclasses.dataclass
+class RolloutState:
+  cache: Any                 # sampling.Cache
+  tree: tree_lib.Tree
+  budget: Budget
+  live: jax.Array            # bool [P, N] node slots holding a sampler sequence
+  peak_pages: jax.Array      # int32 [] largest pages_in_use seen
+  layout: Layout
+  turns: int = 0
+
+
+class RolloutError(RuntimeError):
+  """The sampler could not hold the rollout (page pool or sequence capacity)."""
+
+
+def _bucket(n: int, cap: int) -> int:
+  return max(1, min(cap, 1 << max(0, (n - 1).bit_length())))
+
+
+def action_hash(action: Any) -> jax.Array:
+  """An int32 fingerprint of one parsed action pytree (equal actions hash equal)."""
+  leaves = [jnp.ravel(jnp.asarray(x)).astype(jnp.uint32) for x in jax.tree.leaves(action)]
+  flat = jnp.concatenate(leaves) if leaves else jnp.zeros((1,), jnp.uint32)
+  mult = jnp.uint32(1000003) ** jnp.arange(flat.shape[0], dtype=jnp.uint32)
+  return (jnp.sum(flat * mult + jnp.uint32(97)) & jnp.uint32(0x7FFFFFFF)).astype(jnp.int32)
+
+
+class Engine:
+  """Drives the sampler and one environment; knows nothing about rollout methods.
+
+  env: an `tree_rl.envs` environment with token methods (`initial_prompt_tokens`,
+  `observation_tokens`, `parse_action`); tokenizer: the policy's tokenizer (stop ids).
+  """
+
+  def __init__(self, env, tokenizer, *, max_turns: int, max_tokens_per_turn: int,
+               temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+               env_params=None, attention: str = "auto", row_buckets: str = "pow2"):
+    if max_turns < 1:
+      raise ValueError(f"config.rollout.max_turns must be >= 1, got {max_turns}")
+    if max_tokens_per_turn < 1:
+      raise ValueError(f"config.rollout.max_tokens_per_turn must be >= 1, got {max_tokens_per_turn}")
+    self.env = env
+    self.env_params = env.default_params if env_params is None else env_params
+    self.tokenizer = tokenizer
+    self.max_turns = int(max_turns)
+    self.max_new = int(max_tokens_per_turn)
+    self.temperature, self.top_k, self.top_p = float(temperature), int(top_k), float(top_p)
+    self.attention = attention
+    if row_buckets not in ("pow2", "full"):
+      raise ValueError(f"row_buckets must be 'pow2' or 'full', got {row_buckets!r}")
+    self.row_buckets = row_buckets
+    self.stop_ids = tuple(tokenizer.stop_ids)
+    self.eot = int(tokenizer.end_of_turn_id)
+    state, _ = jax.eval_shape(lambda k: env.reset(k, self.env_params), jax.random.key(0))
+    self._state_example = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), state)
+    ptok, _ = jax.eval_shape(lambda s: env.initial_prompt_tokens(s, self.env_params), state)
+    otok, _ = jax.eval_shape(lambda s: env.observation_tokens(s, True, self.env_params), state)
+    self.prompt_capacity, self.obs_capacity = ptok.shape[0], otok.shape[0]
+    self.node_tokens = max(self.prompt_capacity, self.max_new + self.obs_capacity)
+    self._init_jit = jax.jit(self._init_tree, static_argnums=(2,))
+    self._plan_jit = jax.jit(self._plan, static_argnums=(2,))
+    self._commit_jit = jax.jit(self._commit, donate_argnums=(0, 1))
+    self._charge_jit = jax.jit(self._charge_prefill, donate_argnums=(0,))
+
+  # ------------------------------------------------------------------ sizes
+  def max_context(self) -> int:
+    """Tokens of the longest root-to-leaf context."""
+    return self.prompt_capacity + self.max_turns * (self.max_new + self.obs_capacity)
+
+  def pages_per_seq(self, page_size: int) -> int:
+    return -(-(self.max_context() + 1) // page_size)
+
+  def new_cache(self, model, layout: Layout, *, num_pages: int, page_size: int = 16,
+                kv_dtype: str = "bfloat16"):
+    """A sampler cache with one slot per node of `layout`, bound to `model`'s weights."""
+    return sampling.init_cache(model, max_seqs=layout.num_prompts * layout.capacity,
+                               num_pages=num_pages, max_pages_per_seq=self.pages_per_seq(page_size),
+                               page_size=page_size, kv_dtype=kv_dtype)
+
+  # ------------------------------------------------------------------ jitted pieces
+  def _init_tree(self, env_states, prompt_ids, layout: Layout):
+    p, m, n = layout.num_prompts, layout.num_trees, layout.capacity
+    toks, lens = jax.vmap(lambda s: self.env.initial_prompt_tokens(s, self.env_params))(env_states)
+    tree = tree_lib.empty(p, n, self.node_tokens, self._state_example, prompt_id=prompt_ids)
+    roots = jnp.arange(m)
+    width = toks.shape[1]
+    tree = tree.replace(
+        used=tree.used.at[:, roots].set(True),
+        tree_id=tree.tree_id.at[:, roots].set(roots[None]),
+        tokens=tree.tokens.at[:, roots, :width].set(toks[:, None]),
+        obs_len=tree.obs_len.at[:, roots].set(lens[:, None]),
+        ctx_len=tree.ctx_len.at[:, roots].set(lens[:, None]),
+        env_state=jax.tree.map(lambda f, s: f.at[:, roots].set(s[:, None]), tree.env_state,
+                               env_states),
+        size=jnp.full((p,), m, jnp.int32))
+    return tree, toks, lens
+
+  def _plan(self, tree, parents, width: int):
+    """Compact the [P, S] parent requests into `width` rows and allocate child nodes."""
+    mask = parents >= 0
+    children, overflow = tree_lib.allocate(tree, mask)
+    had = tree_lib.gather(tree.num_children, parents) > 0
+    is_fork = per_parent_forks(parents, mask, had)
+    s = parents.shape[1]
+    flat = jnp.nonzero((children >= 0).reshape(-1), size=width, fill_value=-1)[0]
+    valid = flat >= 0
+    f = jnp.maximum(flat, 0)
+    wp = (f // s).astype(jnp.int32)
+    take = lambda x: jnp.where(valid, x.reshape(-1)[f], -1)  # noqa: E731
+    return dict(wp=jnp.where(valid, wp, 0), wpar=take(parents), wchild=take(children),
+                wvalid=valid, wfork=valid & is_fork.reshape(-1)[f]), children, jnp.any(overflow)
+
+  def _commit(self, tree, budget, plan, out_tokens, out_logprobs, out_lengths, key):
+    """Step the env for every decoded turn and write the child nodes (one jitted call)."""
+    wp, wpar, wchild, valid = plan["wp"], plan["wpar"], plan["wchild"], plan["wvalid"]
+    w = wp.shape[0]
+    nparent = jnp.maximum(wpar, 0)
+    toks = jnp.where(out_tokens >= 0, out_tokens, 0).astype(jnp.int32)
+    lens = jnp.where(valid, out_lengths, 0).astype(jnp.int32)
+    last = jnp.take_along_axis(toks, jnp.maximum(lens - 1, 0)[:, None], axis=1)[:, 0]
+    closed = (lens > 0) & (last == self.eot)
+    action = jax.vmap(self.env.parse_action)(toks, lens)
+    pstate = jax.tree.map(lambda x: x[wp, nparent], tree.env_state)
+    keys = jax.random.split(key, w)
+    state, _, reward, done, info = jax.vmap(
+        lambda k, s, a: self.env.step(k, s, a, self.env_params))(keys, pstate, action)
+    depth = tree.depth[wp, nparent] + 1
+    trunc = ~done & (depth >= self.max_turns)
+    obs, obs_len = jax.vmap(lambda s, c: self.env.observation_tokens(s, c, self.env_params))(
+        state, closed)
+    need_obs = valid & ~done & ~trunc
+    obs_len = jnp.where(need_obs, obs_len, 0).astype(jnp.int32)
+    # Node tokens: the turn's tokens, then the observation.
+    t = jnp.arange(self.node_tokens)[None]
+    turn_part = jnp.pad(toks, ((0, 0), (0, max(0, self.node_tokens - toks.shape[1]))))[:, :self.node_tokens]
+    obs_idx = jnp.clip(t - lens[:, None], 0, obs.shape[1] - 1)
+    obs_part = jnp.take_along_axis(obs, obs_idx, axis=1)
+    node_tok = jnp.where(t < lens[:, None], turn_part,
+                         jnp.where(t < (lens + obs_len)[:, None], obs_part, 0))
+    lp = jnp.pad(out_logprobs.astype(jnp.float32),
+                 ((0, 0), (0, max(0, self.node_tokens - out_logprobs.shape[1]))))[:, :self.node_tokens]
+    node_lp = jnp.where(t < lens[:, None], lp, 0.0)
+    ahash = jax.vmap(action_hash)(action)
+    prev_hash = tree.action[wp, nparent]
+    run = jnp.where(ahash == prev_hash, tree.action_run[wp, nparent] + 1, 1)
+    ret = tree.ret[wp, nparent] + reward
+    rows = jnp.where(valid, wchild, tree.capacity)   # invalid rows are dropped
+
+    def put(field, value):
+      return field.at[wp, rows].set(value.astype(field.dtype), mode="drop")
+
+    p = tree.num_prompts
+    seg = lambda x: jax.ops.segment_sum(jnp.where(valid, x, 0), wp, num_segments=p)  # noqa: E731
+    tree = tree.replace(
+        parent=put(tree.parent, wpar), depth=put(tree.depth, depth),
+        tree_id=put(tree.tree_id, tree.tree_id[wp, nparent]),
+        used=put(tree.used, jnp.ones((w,), bool)), tokens=put(tree.tokens, node_tok),
+        logprobs=put(tree.logprobs, node_lp), policy_len=put(tree.policy_len, lens),
+        obs_len=put(tree.obs_len, obs_len),
+        ctx_len=put(tree.ctx_len, tree.ctx_len[wp, nparent] + lens + obs_len),
+        action=put(tree.action, ahash), action_run=put(tree.action_run, run),
+        reward=put(tree.reward, reward), ret=put(tree.ret, ret), finished=put(tree.finished, done),
+        truncated=put(tree.truncated, trunc),
+        num_children=tree.num_children.at[wp, jnp.where(valid, nparent, tree.capacity)].add(
+            1, mode="drop"),
+        env_state=jax.tree.map(lambda f, s: f.at[wp, rows].set(s, mode="drop"), tree.env_state, state),
+        size=tree.size + seg(jnp.ones((w,), jnp.int32)))
+    if hasattr(self.env, "tool_calls"):   # envs that count tool calls (a step may not be one)
+      tool = jax.vmap(self.env.tool_calls)(state) - jax.vmap(self.env.tool_calls)(pstate)
+    else:                                 # otherwise every env step is one call
+      tool = jnp.ones((w,), jnp.int32)
+    tool = jnp.asarray(tool, jnp.int32)
+    forks = plan["wfork"]
+    budget = budget.add(generated=seg(lens), env_steps=seg(jnp.ones((w,), jnp.int32)),
+                        tool_calls=seg(tool), forks=seg(forks.astype(jnp.int32)),
+                        reused=seg(jnp.where(forks, tree.ctx_len[wp, nparent], 0)))
+    ended = valid & (done | trunc)
+    return tree, budget, obs, obs_len, need_obs, ended
+
+  @staticmethod
+  def _charge_prefill(budget, wp, computed, ok):
+    p = budget.prefilled.shape[0]
+    return budget.add(prefilled=jax.ops.segment_sum(jnp.where(ok, computed, 0), wp, num_segments=p))
+
+  # ------------------------------------------------------------------ host-level steps
+  def _slots(self, layout: Layout, wp, nodes):
+    return (wp * layout.capacity + jnp.maximum(nodes, 0)).astype(jnp.int32)
+
+  def _check(self, what: str, status, slots, valid):
+    status, slots, valid = (np.asarray(x) for x in jax.device_get((status, slots, valid)))
+    bad = valid & (status != sampling.OK)
+    if bad.any():
+      names = sorted({sampling.STATUS_NAMES.get(int(s), str(s)) for s in status[bad]})
+      raise RolloutError(
+          f"sampler {what} failed for slots {slots[bad].tolist()[:8]} ({', '.join(names)}): "
+          "raise config.sampler.num_pages (page pool) or lower config.rollout.max_turns / "
+          "max_tokens_per_turn (sequence capacity)")
+
+  def start(self, cache, env_states, layout: Layout, prompt_ids=None) -> RolloutState:
+    """Roots for every prompt's trees: the prompt prefilled once, forked to the other roots."""
+    p, m = layout.num_prompts, layout.num_trees
+    if prompt_ids is None:
+      prompt_ids = jnp.arange(p, dtype=jnp.int32)
+    if cache.spec.max_seqs * cache.num_shards < p * layout.capacity:
+      raise ValueError(f"the sampler cache has {cache.spec.max_seqs} slots; the rollout needs "
+                       f"{p * layout.capacity} (prompts x node capacity): use Engine.new_cache")
+    tree, toks, lens = self._init_jit(env_states, jnp.asarray(prompt_ids, jnp.int32), layout)
+    pidx = jnp.arange(p, dtype=jnp.int32)
+    slots0 = pidx * layout.capacity
+    cache, pre = sampling.prefill(cache, slots0, toks, lens)
+    self._check("prefill", pre.status, slots0, jnp.ones((p,), bool))
+    budget = Budget.zeros(p).add(prefilled=pre.computed)
+    live = jnp.zeros((p, layout.capacity), bool).at[:, 0].set(True)
+    if m > 1:
+      par = jnp.repeat(slots0, m - 1)
+      chi = (pidx[:, None] * layout.capacity + jnp.arange(1, m)[None]).reshape(-1)
+      cache, st = sampling.fork(cache, par, chi)
+      self._check("fork", st, chi, jnp.ones(chi.shape, bool))
+      budget = budget.add(forks=jnp.full((p,), m - 1), reused=(m - 1) * lens)
+      live = live.at[:, :m].set(True)
+    peak = jnp.max(sampling.pages_in_use(cache))
+    return RolloutState(cache=cache, tree=tree, budget=budget, live=live, peak_pages=peak,
+                        layout=layout)
+
+  def release(self, rs: RolloutState, mask: jax.Array) -> RolloutState:
+    """Free the sampler slots of nodes `mask` [P, N] that still hold a sequence."""
+    mask = mask & rs.live
+    n = rs.layout.num_prompts * rs.layout.capacity
+    cache = sampling.release(rs.cache, jnp.arange(n, dtype=jnp.int32), mask.reshape(-1))
+    return dataclasses.replace(rs, cache=cache, live=rs.live & ~mask)
+
+  def advance(self, rs: RolloutState, parents: jax.Array, key: jax.Array, *,
+              keep_parents: bool) -> tuple[RolloutState, jax.Array]:
+    """One agent turn for every parent request [P, S] (-1: none; a parent listed m times gets
+    m children). Returns (state, children [P, S] local node ids, -1 where none)."""
+    layout = rs.layout
+    count = int(jnp.sum(parents >= 0))
+    if count == 0:
+      return rs, jnp.full(parents.shape, -1, jnp.int32)
+    rows = layout.num_prompts * layout.slots
+    width = rows if self.row_buckets == "full" else _bucket(count, rows)
+    plan, children, overflow = self._plan_jit(rs.tree, parents, width)
+    if bool(overflow):
+      raise RolloutError("rollout tree node capacity exceeded (internal sizing error)")
+    wp, valid = plan["wp"], plan["wvalid"]
+    par_slots = self._slots(layout, wp, plan["wpar"])
+    child_slots = self._slots(layout, wp, plan["wchild"])
+    cache, st = sampling.fork(rs.cache, par_slots, child_slots, valid)
+    p_idx = jnp.arange(layout.num_prompts)[:, None]
+    live = rs.live.at[p_idx, jnp.where(children >= 0, children, layout.capacity)].set(True, mode="drop")
+    cache, out = sampling.decode(cache, child_slots, key, max_new=self.max_new,
+                                 stop_ids=self.stop_ids, temperature=self.temperature,
+                                 top_k=self.top_k, top_p=self.top_p, valid=valid,
+                                 attention=self.attention)
+    self._check("fork", st, child_slots, valid)
+    msg = sampling.exhaustion_message(cache, child_slots, out)
+    if msg:
+      raise RolloutError(msg)
+    rs = dataclasses.replace(rs, cache=cache, live=live)
+    if not keep_parents:
+      parent_mask = jnp.zeros_like(live).at[p_idx, jnp.where(parents >= 0, parents, layout.capacity)].set(
+          True, mode="drop")
+      rs = self.release(rs, parent_mask)
+    k_env = jax.random.fold_in(key, 1)
+    tree, budget, obs, obs_len, need_obs, ended = self._commit_jit(
+        rs.tree, rs.budget, plan, out.tokens, out.logprobs, out.lengths, k_env)
+    cache, pre = sampling.prefill(rs.cache, child_slots, obs, jnp.maximum(obs_len, 1), need_obs)
+    self._check("prefill", pre.status, child_slots, need_obs)
+    budget = self._charge_jit(budget, wp, pre.computed, need_obs & (pre.status == sampling.OK))
+    peak = jnp.maximum(rs.peak_pages, jnp.max(sampling.pages_in_use(cache)))
+    rs = dataclasses.replace(rs, cache=cache, tree=tree, budget=budget, peak_pages=peak,
+                             turns=rs.turns + 1)
+    ended_mask = jnp.zeros_like(rs.live).at[wp, jnp.where(ended, plan["wchild"], layout.capacity)].set(
+        True, mode="drop")
+    rs = self.release(rs, ended_mask)
+    return rs, children

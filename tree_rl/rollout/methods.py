@@ -1,0 +1,228 @@
+"""Rollout methods as policies over the one engine, and a registry of them.
+
+A policy chooses, at every turn boundary, the parent node of each branch of the next turn
+(`parents [P, S]`, -1 for none; a parent listed m times forks into m children):
+
+- `chain`:       G children of the root, each continued alone (GRPO/RLOO's group);
+- `tree_grpo`:   M chains (one per tree), then L rounds of N expansion points per tree drawn
+                 among the root and non-leaf nodes, each run to the end of the episode;
+- `patr`:        B0 children of the root; every K turns the frontier is scored and routed
+                 (expand top-k into M children / survive / prune), the repeated-action rule
+                 at every turn; pruned branches stay in the group (or are dropped);
+- `tree_random`: `patr` with the `random` scorer.
+
+Register a new method with `@register("name")` on a `factory(rcfg) -> Policy`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from tree_rl.rollout import routing
+from tree_rl.rollout.tree import Tree, gather
+
+
+def alive(tree: Tree, nodes: jax.Array) -> jax.Array:
+  """bool [P, S]: nodes that exist and have not ended."""
+  ok = nodes >= 0
+  ended = gather(tree.finished | tree.truncated | tree.pruned, nodes)
+  return ok & ~ended
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+  """Static description plus pure per-boundary decisions (all jittable)."""
+
+  name: str
+  num_trees: int
+  slots: int
+  keep_contexts: bool            # interior nodes keep their sampler slot (later expansions)
+  score_every: int = 0           # scoring rounds every this many turns (0: never)
+  scorer_override: str | None = None
+
+  def capacity(self, max_turns: int) -> int:
+    raise NotImplementedError
+
+  def init(self, num_prompts: int) -> Any:
+    return jnp.zeros((num_prompts,), jnp.int32)
+
+  def first(self, tree: Tree, pstate):
+    """-> (parents [P, S], pstate) right after the roots exist."""
+    raise NotImplementedError
+
+  def next(self, tree: Tree, frontier, pstate, scores, key):
+    """-> (parents [P, S], pstate, pruned [P, S]) after a turn; `scores` [P, S] or None."""
+    raise NotImplementedError
+
+  def keep_leaves(self, tree: Tree, key) -> jax.Array:
+    """bool [P, N]: leaves that enter the training group."""
+    return tree.is_leaf
+
+
+def _pad(x, width):
+  return jnp.pad(x, ((0, 0), (0, width - x.shape[1])), constant_values=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Chain(Policy):
+  group_size: int = 8
+
+  def capacity(self, max_turns):
+    return 1 + self.group_size * max_turns
+
+  def first(self, tree, pstate):
+    return jnp.zeros((tree.num_prompts, self.slots), jnp.int32), pstate
+
+  def next(self, tree, frontier, pstate, scores, key):
+    go = alive(tree, frontier)
+    return jnp.where(go, frontier, -1), pstate, jnp.zeros_like(go)
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeGRPO(Policy):
+  expand_nodes: int = 2
+  expand_iterations: int = 1
+  keep_k: int = 0
+
+  def capacity(self, max_turns):
+    branches = self.num_trees * (1 + self.expand_iterations * self.expand_nodes)
+    return self.num_trees + branches * max_turns
+
+  def first(self, tree, pstate):
+    p = tree.num_prompts
+    roots = jnp.broadcast_to(jnp.arange(self.num_trees, dtype=jnp.int32), (p, self.num_trees))
+    return _pad(roots, self.slots), pstate
+
+  def next(self, tree, frontier, pstate, scores, key):
+    go = alive(tree, frontier)
+    cont = jnp.where(go, frontier, -1)
+    running = jnp.any(go, axis=1)
+    start = ~running & (pstate < self.expand_iterations)
+    candidate = tree.used & ((tree.depth == 0) | (tree.num_children > 0))
+    keys = jax.random.split(key, tree.num_prompts)
+    picks = jax.vmap(lambda k, c, t: routing.tree_grpo_pick(k, c, t, self.num_trees,
+                                                            self.expand_nodes))(
+        keys, candidate, tree.tree_id)
+    picks = _pad(picks, self.slots)
+    parents = jnp.where(start[:, None], picks, cont)
+    return parents, pstate + start, jnp.zeros_like(go)
+
+  def keep_leaves(self, tree, key):
+    keys = jax.random.split(key, tree.num_prompts)
+    return jax.vmap(lambda k, l, t: routing.keep_random_leaves(k, l, t, self.num_trees, self.keep_k))(
+        keys, tree.is_leaf, tree.tree_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class PATR(Policy):
+  initial_branches: int = 4
+  expand_children: int = 2
+  expand_top_k: int = 2
+  prune_alpha: float = 0.5
+  prune_repeat: int = 6
+  keep_pruned: bool = True
+  max_branches: int = 16
+
+  def capacity(self, max_turns):
+    return 1 + self.max_branches * max_turns
+
+  def first(self, tree, pstate):
+    p = tree.num_prompts
+    parents = jnp.where(jnp.arange(self.slots) < self.initial_branches, 0, -1)
+    return jnp.broadcast_to(parents, (p, self.slots)).astype(jnp.int32), pstate + self.initial_branches
+
+  def next(self, tree, frontier, pstate, scores, key):
+    go = alive(tree, frontier)
+    run = gather(tree.action_run, frontier)
+    if scores is None:
+      route = jax.vmap(lambda a, r: routing.loop_prune(a, r, self.prune_repeat))(go, run)
+    else:
+      room = self.max_branches - pstate
+      route = jax.vmap(lambda s, a, r, m: routing.patr_route(
+          s, a, r, alpha=self.prune_alpha, theta=self.prune_repeat, top_k=self.expand_top_k,
+          children=self.expand_children, room=m))(scores, go, run, room)
+    parents, _ = jax.vmap(lambda f, m: routing.expand_plan(f, m, self.slots))(
+        frontier, route.multiplicity)
+    started = pstate + jnp.sum(route.expand, axis=1) * (self.expand_children - 1)
+    return parents, started.astype(jnp.int32), route.prune
+
+  def keep_leaves(self, tree, key):
+    return tree.is_leaf & (~tree.pruned if not self.keep_pruned else True)
+
+
+Factory = Callable[[Any], Policy]
+_REGISTRY: dict[str, Factory] = {}
+
+
+def register(name: str):
+  """Decorator: `factory(rollout_config) -> Policy` selectable as config.rollout.method."""
+
+  def deco(factory):
+    _REGISTRY[name] = factory
+    return factory
+
+  return deco
+
+
+def get(name: str) -> Factory:
+  try:
+    return _REGISTRY[name]
+  except KeyError:
+    raise KeyError(f"unknown rollout method {name!r} (config.rollout.method); known: {names()}") from None
+
+
+def names() -> list[str]:
+  return sorted(_REGISTRY)
+
+
+def _positive(rc, *fields):
+  for f in fields:
+    if int(rc[f]) < 1:
+      raise ValueError(f"config.rollout.{f} must be >= 1, got {rc[f]}")
+
+
+@register("chain")
+def make_chain(rc) -> Policy:
+  _positive(rc, "group_size")
+  return Chain(name="chain", num_trees=1, slots=int(rc.group_size), keep_contexts=False,
+               group_size=int(rc.group_size))
+
+
+@register("tree_grpo")
+def make_tree_grpo(rc) -> Policy:
+  _positive(rc, "num_trees", "expand_nodes")
+  if int(rc.expand_iterations) < 0 or int(rc.keep_leaves) < 0:
+    raise ValueError("config.rollout.expand_iterations and keep_leaves must be >= 0")
+  m, n = int(rc.num_trees), int(rc.expand_nodes)
+  return TreeGRPO(name="tree_grpo", num_trees=m, slots=max(m, m * n), keep_contexts=True,
+                  expand_nodes=n, expand_iterations=int(rc.expand_iterations),
+                  keep_k=int(rc.keep_leaves))
+
+
+def _patr(rc, name, scorer=None) -> Policy:
+  _positive(rc, "initial_branches", "expand_children", "score_every", "max_branches")
+  if int(rc.initial_branches) > int(rc.max_branches):
+    raise ValueError(f"config.rollout.initial_branches={rc.initial_branches} exceeds "
+                     f"config.rollout.max_branches={rc.max_branches}")
+  if int(rc.expand_top_k) < 0:
+    raise ValueError(f"config.rollout.expand_top_k must be >= 0, got {rc.expand_top_k}")
+  return PATR(name=name, num_trees=1, slots=int(rc.max_branches), keep_contexts=False,
+              score_every=int(rc.score_every), scorer_override=scorer,
+              initial_branches=int(rc.initial_branches), expand_children=int(rc.expand_children),
+              expand_top_k=int(rc.expand_top_k), prune_alpha=float(rc.prune_alpha),
+              prune_repeat=int(rc.prune_repeat), keep_pruned=bool(rc.keep_pruned),
+              max_branches=int(rc.max_branches))
+
+
+@register("patr")
+def make_patr(rc) -> Policy:
+  return _patr(rc, "patr")
+
+
+@register("tree_random")
+def make_tree_random(rc) -> Policy:
+  return _patr(rc, "tree_random", scorer="random")
