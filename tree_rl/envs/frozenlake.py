@@ -198,7 +198,7 @@ class FrozenLake(Environment):
     self._params = FrozenLakeParams(**{k: jnp.asarray(v) for k, v in p.items()})
     self._host_params = p
     self.max_reply_tokens = max_reply_tokens
-    self.max_reply_bytes = max_reply_bytes or 16 * max_reply_tokens
+    self.max_reply_bytes = max_reply_bytes or 8 * max_reply_tokens
     self.tokenizer = tokenizer
     self.text = None
     if tokenizer is not None:

@@ -112,7 +112,10 @@ def tokens_to_bytes(table: ByteTable, tokens: jax.Array, length: jax.Array, max_
   ends = jnp.cumsum(lens)
   starts = ends - lens
   p = jnp.arange(max_bytes)
-  j = jnp.minimum(jnp.searchsorted(ends, p, side="right"), t - 1)
+  # token holding byte p = (number of tokens starting at or before p) - 1; zero-length tokens sharing
+  # a start come before the token that covers it, so the count lands on the covering one
+  starts_hist = jnp.zeros((max_bytes + 1,), jnp.int32).at[jnp.minimum(starts, max_bytes)].add(1)
+  j = jnp.clip(jnp.cumsum(starts_hist)[:max_bytes] - 1, 0, t - 1)
   src = table.offsets[ids[j]] + p - starts[j]
   n = jnp.minimum(ends[-1], max_bytes)
   buf = jnp.where(p < n, table.flat[jnp.clip(src, 0, table.flat.shape[0] - 1)], 0)

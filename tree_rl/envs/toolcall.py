@@ -114,7 +114,7 @@ class ToolCallEnv(Environment):
     self.split, self.top_k, self.tool = split, top_k, tool
     self.max_words, self.max_text_bytes = max_words, max_text_bytes
     self.max_reply_tokens = max_reply_tokens
-    self.max_reply_bytes = max_reply_bytes or 16 * max_reply_tokens
+    self.max_reply_bytes = max_reply_bytes or 8 * max_reply_tokens
     p = {k: options[k] for k in fields if k in options}
     self._params = ToolCallParams(**{k: jnp.asarray(v) for k, v in
                                      dataclasses.asdict(ToolCallParams(**p)).items()})
@@ -130,12 +130,15 @@ class ToolCallEnv(Environment):
     self.bytes = tx.ByteTable.from_tokenizer(tok)
     pad = tok.pad_id
     words = [host_words(f.encode(), 10 ** 6) for f in kb.facts]
-    wf = max(len(w) for w in words)
-    fw = np.zeros((len(words), wf, 2), np.uint32)
-    for i, ws in enumerate(words):
-      for j, w in enumerate(ws):
-        fw[i, j] = tx.host_word_hash(w)
-    self.fact_words = jnp.asarray(fw)
+    vocab = sorted({w for ws in words for w in ws})
+    vid = {w: i for i, w in enumerate(vocab)}
+    tf = np.zeros((len(vocab) + 1, len(words)), np.float32)   # last row: words not in the KB
+    for f, ws in enumerate(words):
+      for w in ws:
+        tf[vid[w], f] += 1
+    self.vocab_hash = jnp.asarray(np.array([tx.host_word_hash(w) for w in vocab], np.uint32))
+    self.tf = jnp.asarray(tf)
+    self.df = jnp.asarray((tf > 0).sum(1).astype(np.float32))
     self.fact_len = jnp.asarray([len(w) for w in words], jnp.float32)
     self.fact_frags = tx.FragmentTable.build(tok, [f + "\n" for f in kb.facts], pad)
     needed = np.full((len(qs), MAX_HOPS), -1, np.int32)
@@ -190,14 +193,17 @@ class ToolCallEnv(Environment):
     return jnp.where(state.shown, state.facts, -1)
 
   def bm25(self, words, n_words, params=None):
-    """float32[num_facts] BM25 scores of the query words against every fact."""
+    """float32[num_facts] BM25 scores of the query words against every fact.
+
+    Query words are looked up in the KB's vocabulary (hash compare), then term frequencies and
+    document frequencies come from tables built at set-up."""
     params = self._params if params is None else params
     qmask = jnp.arange(words.shape[0]) < n_words
-    fmask = jnp.any(self.fact_words != 0, -1)
-    eq = jnp.all(words[:, None, None, :] == self.fact_words[None], -1) & fmask[None]
-    tf = jnp.sum(eq, -1).astype(jnp.float32)                          # [Wq, F]
-    n_docs = self.fact_words.shape[0]
-    df = jnp.sum(tf > 0, -1).astype(jnp.float32)
+    match = jnp.all(words[:, None, :] == self.vocab_hash[None], -1)        # [Wq, V]
+    qid = jnp.where(jnp.any(match, 1), jnp.argmax(match, 1), self.vocab_hash.shape[0])
+    tf = self.tf[qid]                                                      # [Wq, F]
+    n_docs = self.tf.shape[1]
+    df = self.df[qid]
     idf = jnp.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
     norm = params.k1 * (1.0 - params.b + params.b * self.fact_len / jnp.mean(self.fact_len))
     per = idf[:, None] * tf * (params.k1 + 1.0) / (tf + norm[None])
