@@ -70,7 +70,7 @@ def single(packed):
   return step, state, metrics
 
 
-@pytest.mark.parametrize("shape", [(8, 1, 1), (1, 8, 1), (2, 1, 4), (2, 2, 2)])
+@pytest.mark.parametrize("shape", [(8, 1, 1), (1, 8, 1), (1, 2, 4)])
 def test_sharded_step_equals_single_device(single, packed, shape):
   _, state, metrics = run(config(shape), packed)
   assert metrics["skipped"] == 0.0

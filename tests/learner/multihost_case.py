@@ -1,0 +1,33 @@
+"""The model, batch and config shared by the two-process test and its single-process check."""
+
+import numpy as np
+from flax import nnx
+
+from tree_rl.config import base_config
+from tree_rl.learner import batches, synthetic
+from tree_rl.models import Transformer
+from tree_rl.models.config import tiny
+
+VOCAB = 64
+STEPS = 2
+
+
+def config(shape):
+  c = base_config()
+  c.learner.learning_rate = 1e-3
+  c.learner.adam_eps = 1e-3   # see test_train_step.config
+  c.learner.kl_coef = 0.05
+  c.learner.aggregation = "traj_mean"
+  c.mesh.shape = shape
+  return c
+
+
+def model():
+  return Transformer(tiny(VOCAB), rngs=nnx.Rngs(0))
+
+
+def batch():
+  rng = np.random.default_rng(7)
+  trees = [synthetic.random_tree(rng, int(rng.integers(1, 6)), VOCAB, group_id=g // 2)
+           for g in range(8)]
+  return batches.pack_trees(trees, seq_len=40, max_nodes=12, rows=8)
