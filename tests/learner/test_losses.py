@@ -161,3 +161,24 @@ def test_packed_loss_and_gradients_equal_per_leaf():
     assert 0.1 < float(m1["clip_frac"]) < 0.9, "clipping should be active on part of the tokens"
     assert (lb.advantages > 0).any() and (lb.advantages < 0).any()
   assert leaf_vg._cache_size() == 1 and packed_vg._cache_size() == 1  # traced once
+
+
+def test_attention_implementations_agree_on_a_packed_batch():
+  vocab = 64
+  rng = np.random.default_rng(5)
+  model = Transformer(tiny(vocab), rngs=nnx.Rngs(1))
+  trees = [synthetic.random_tree(rng, 5, vocab) for _ in range(3)]
+  pb = batches.pack_trees(trees, seq_len=48, max_nodes=16)
+  mask = batches.packed_attention_mask(pb.node_ids, pb.ancestors)
+  kw = dict(positions=pb.positions, pred_index=pb.pred_index, attention_mask=mask)
+  ein = sequence_logprobs(model, pb.tokens, attention="einsum", **kw)[0]
+  xla = sequence_logprobs(model, pb.tokens, attention="xla", **kw)[0]
+  chunked = sequence_logprobs(model, pb.tokens, attention="einsum", logits_chunk=7, **kw)[0]
+  real = pb.node_ids >= 0
+  np.testing.assert_allclose(np.asarray(xla)[real], np.asarray(ein)[real], atol=1e-5)
+  np.testing.assert_allclose(np.asarray(chunked)[real], np.asarray(ein)[real], atol=1e-5)
+  lb = batches.leaf_batch(trees, seq_len=32)
+  causal_xla = sequence_logprobs(model, lb.tokens, attention="xla")[0]
+  causal_ein = sequence_logprobs(model, lb.tokens, attention="einsum", remat="full")[0]
+  np.testing.assert_allclose(np.asarray(causal_xla)[:, 1:], np.asarray(causal_ein)[:, 1:],
+                             atol=1e-5)

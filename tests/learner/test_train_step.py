@@ -93,8 +93,9 @@ def test_params_are_sharded_by_logical_rules():
   assert mu == P("fsdp", "tensor")
 
 
-def test_microbatches_accumulate_to_the_full_batch(single, packed):
-  _, state, metrics = run(config(microbatches=1), packed, devices=jax.devices()[:1])
+def test_one_batch_with_remat_and_chunked_logits_equals_microbatches(single, packed):
+  c = config(microbatches=1, remat="full", logits_chunk=16)
+  _, state, metrics = run(c, packed, devices=jax.devices()[:1])
   assert_same(single[1:], (state, metrics))
 
 

@@ -23,13 +23,19 @@ REMAT = ("none", "full", "dots")
 
 
 def make_attend(implementation: str, mask: jax.Array | None):
-  """An `attend` hook: causal flash/xla attention when `mask` is None, else masked einsum."""
+  """An `attend` hook over `mask` [B, T, T] (None: causal).
+
+  'einsum' is the model's `dense_attention`; 'xla' and 'cudnn' go through
+  `jax.nn.dot_product_attention` (cuDNN flash attention on GPU, bf16/fp16 only). 'auto' takes
+  cuDNN for causal rows on GPU (XLA if cuDNN rejects the shapes) and einsum otherwise.
+  """
   if implementation not in ATTENTION:
     raise ValueError(f"learner.attention={implementation!r}; known: {ATTENTION}")
   impl = implementation
-  if impl == "auto":
+  auto = impl == "auto"
+  if auto:
     impl = "cudnn" if (mask is None and jax.default_backend() == "gpu") else "einsum"
-  if mask is not None or impl == "einsum":
+  if impl == "einsum":
     def attend(i, q, k, v, state):
       m = mask
       if m is None:
@@ -39,7 +45,13 @@ def make_attend(implementation: str, mask: jax.Array | None):
     return attend
 
   def attend(i, q, k, v, state):
-    out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+    kw = dict(is_causal=True) if mask is None else dict(mask=mask[:, None])
+    try:
+      out = jax.nn.dot_product_attention(q, k, v, implementation=impl, **kw)
+    except Exception:  # cuDNN unavailable for this dtype/shape: XLA's fused path
+      if not auto:
+        raise
+      out = jax.nn.dot_product_attention(q, k, v, implementation="xla", **kw)
     return out.astype(q.dtype), state
   return attend
 
