@@ -60,7 +60,7 @@ def test_parse_device_equals_host(preset, tok_name, request):
   got = np.asarray(jax.jit(jax.vmap(env.parse_action))(ids, lens))
   n_valid = 0
   for i in range(len(texts)):
-    reply = tok.decode(ids[i, :lens[i]]).encode("utf-8")[:env.max_reply_bytes]
+    reply = tok.decode(ids[i, :lens[i]]).encode("utf-8")[:env.reply_byte_capacity(ids.shape[1])]
     want = ft.parse_action_bytes(reply, env.action_format, env.max_actions)
     assert list(got[i]) == want, (texts[i], got[i], want)
     n_valid += want[0] >= 0
@@ -79,7 +79,7 @@ def test_parse_random_token_ids(builtin_tok):
     lens = rng.integers(0, 33, size=300).astype(np.int32)
     got = np.asarray(jax.jit(jax.vmap(env.parse_action))(ids, lens))
     for i in range(300):
-      reply = tok.decode(ids[i, :lens[i]]).encode("utf-8")[:env.max_reply_bytes]
+      reply = tok.decode(ids[i, :lens[i]]).encode("utf-8")[:env.reply_byte_capacity(ids.shape[1])]
       assert list(got[i]) == ft.parse_action_bytes(reply, env.action_format, env.max_actions)
 
 

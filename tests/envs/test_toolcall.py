@@ -124,7 +124,7 @@ def test_parse_device_equals_host(tok_name, request):
   acts = jax.tree.map(np.asarray, jax.jit(jax.vmap(env.parse_action))(ids, lens))
   kinds = set()
   for i in range(len(texts)):
-    reply = tok.decode(ids[i, :lens[i]]).encode("utf-8")[:env.max_reply_bytes]
+    reply = tok.decode(ids[i, :lens[i]]).encode("utf-8")[:env.reply_byte_capacity(ids.shape[1])]
     kind, content = tc.parse_reply_bytes(reply)
     kinds.add(kind)
     assert acts.kind[i] == kind, texts[i]

@@ -198,12 +198,16 @@ class FrozenLake(Environment):
     self._params = FrozenLakeParams(**{k: jnp.asarray(v) for k, v in p.items()})
     self._host_params = p
     self.max_reply_tokens = max_reply_tokens
-    self.max_reply_bytes = max_reply_bytes or 8 * max_reply_tokens
+    self.max_reply_bytes = max_reply_bytes
     self.tokenizer = tokenizer
     self.text = None
     if tokenizer is not None:
       from tree_rl.envs.frozenlake_text import FrozenLakeText
       self.text = FrozenLakeText(self, tokenizer)
+
+  def reply_byte_capacity(self, num_tokens: int) -> int:
+    """Bytes of a reply the parser reads: max_reply_bytes, or 8 per token of the reply buffer."""
+    return self.max_reply_bytes or 8 * num_tokens
 
   @property
   def default_params(self) -> FrozenLakeParams:

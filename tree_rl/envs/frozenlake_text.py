@@ -6,7 +6,8 @@ Observation text (the user message):
       P player, _ frozen, O hole, G goal, X player in a hole, V player on the goal
     "Remaining steps: N"
 
-Action rules (on the reply's UTF-8 bytes, first `max_reply_bytes` of them):
+Action rules (on the reply's UTF-8 bytes, the first `env.reply_byte_capacity(T)` of a T-token reply:
+`max_reply_bytes` if set, else 8 bytes per token):
   * last_word (rLLM preset): the action is the LAST occurrence of one of the words `Left`, `Down`,
     `Right`, `Up` (exact case) that is not part of a longer ASCII-letter word; none -> invalid.
     A reply ending in a fenced block ```Up``` therefore gives Up.
@@ -159,7 +160,7 @@ class FrozenLakeText:
 
   def parse_action(self, tokens, length):
     env = self.env
-    buf, n = tx.tokens_to_bytes(self.bytes, tokens, length, env.max_reply_bytes)
+    buf, n = tx.tokens_to_bytes(self.bytes, tokens, length, env.reply_byte_capacity(tokens.shape[-1]))
     if env.action_format == "last_word":
       return self._parse_last_word(buf, n)
     return self._parse_answer(buf, n)

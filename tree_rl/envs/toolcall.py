@@ -1,7 +1,7 @@
 """Multi-hop QA with a search tool, on device: BM25 retrieval, exact-match reward, tool-call count.
 
 A reply's action is its leftmost complete `<search>...</search>` or `<answer>...</answer>` block
-(regex `<(search|answer)>(.*?)</\\1>` on the first `max_reply_bytes` UTF-8 bytes); no block is an
+(regex `<(search|answer)>(.*?)</\\1>` on the first `reply_byte_capacity(T)` UTF-8 bytes of a T-token reply); no block is an
 invalid turn (reward `format_penalty`). Text is compared as words: maximal runs of ASCII
 letters/digits (or non-ASCII bytes), lower-cased, at most `max_words` of them (hashed on device).
 
@@ -114,7 +114,7 @@ class ToolCallEnv(Environment):
     self.split, self.top_k, self.tool = split, top_k, tool
     self.max_words, self.max_text_bytes = max_words, max_text_bytes
     self.max_reply_tokens = max_reply_tokens
-    self.max_reply_bytes = max_reply_bytes or 8 * max_reply_tokens
+    self.max_reply_bytes = max_reply_bytes
     p = {k: options[k] for k in fields if k in options}
     self._params = ToolCallParams(**{k: jnp.asarray(v) for k, v in
                                      dataclasses.asdict(ToolCallParams(**p)).items()})
@@ -167,6 +167,10 @@ class ToolCallEnv(Environment):
 
   def question_content(self, i: int) -> str:
     return instructions(self.top_k) + f"Question: {self.questions[i].text}\n"
+
+  def reply_byte_capacity(self, num_tokens: int) -> int:
+    """Bytes of a reply the parser reads: max_reply_bytes, or 8 per token of the reply buffer."""
+    return self.max_reply_bytes or 8 * num_tokens
 
   @property
   def default_params(self) -> ToolCallParams:
@@ -275,7 +279,7 @@ class ToolCallEnv(Environment):
 
   # ---------------------------------------------------------------- tokens
   def parse_action(self, tokens, length) -> ToolAction:
-    buf, n = tx.tokens_to_bytes(self.bytes, tokens, length, self.max_reply_bytes)
+    buf, n = tx.tokens_to_bytes(self.bytes, tokens, length, self.reply_byte_capacity(tokens.shape[-1]))
     fs, os_, ss, es = tx.first_block(buf, n, b"<search>", b"</search>")
     fa, oa, sa, ea = tx.first_block(buf, n, b"<answer>", b"</answer>")
     use_search = fs & (~fa | (os_ < oa))
