@@ -119,8 +119,9 @@ def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, st
   shared_v = state.v[:, shared_list].reshape(nl, ns * ps, kvh, hd) if ns > 0 else None
   priv_k = [gather_pages(state.k[l], priv_table) for l in range(nl)]
   priv_v = [gather_pages(state.v[l], priv_table) for l in range(nl)]
-  kbuf = jnp.zeros((nl, b, max_new, kvh, hd), state.k.dtype)
-  vbuf = jnp.zeros((nl, b, max_new, kvh, hd), state.v.dtype)
+  # One buffer per layer (no slicing of a stacked buffer inside the loop).
+  kbuf = tuple(jnp.zeros((b, max_new, kvh, hd), state.k.dtype) for _ in range(nl))
+  vbuf = tuple(jnp.zeros((b, max_new, kvh, hd), state.v.dtype) for _ in range(nl))
   stop_ids = jnp.asarray(stop_ids, jnp.int32).reshape(-1)
 
   def body(carry):
@@ -138,9 +139,11 @@ def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, st
 
     def attend_fn(layer, q, k, v, bufs):
       kb, vb = bufs
-      kb = jax.lax.dynamic_update_slice(kb, k.astype(kb.dtype)[None], (layer, 0, i, 0, 0))
-      vb = jax.lax.dynamic_update_slice(vb, v.astype(vb.dtype)[None], (layer, 0, i, 0, 0))
-      parts = [(priv_k[layer], priv_v[layer], priv_mask), (kb[layer], vb[layer], jnp.broadcast_to(turn_mask, (b, 1, max_new)))]
+      kl = jax.lax.dynamic_update_slice(kb[layer], k.astype(kb[layer].dtype), (0, i, 0, 0))
+      vl = jax.lax.dynamic_update_slice(vb[layer], v.astype(vb[layer].dtype), (0, i, 0, 0))
+      kb = kb[:layer] + (kl,) + kb[layer + 1:]
+      vb = vb[:layer] + (vl,) + vb[layer + 1:]
+      parts = [(priv_k[layer], priv_v[layer], priv_mask), (kl, vl, jnp.broadcast_to(turn_mask, (b, 1, max_new)))]
       if ns > 0:
         parts.append((shared_k[layer], shared_v[layer], shared_tok_mask))
       return attend(q, parts), (kb, vb)
@@ -180,8 +183,10 @@ def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, st
   wok = run0[:, None] & (j[None, :] < nnew[:, None])
   page = jnp.take_along_axis(rows_table, jnp.clip(wpos // ps, 0, mp - 1), axis=1)
   page = jnp.where(wok, page, n)
-  k = state.k.at[:, page, wpos % ps].set(kbuf, mode="drop")
-  v = state.v.at[:, page, wpos % ps].set(vbuf, mode="drop")
+  k, v = state.k, state.v
+  for l in range(nl):
+    k = k.at[l, page, wpos % ps].set(kbuf[l], mode="drop")
+    v = v.at[l, page, wpos % ps].set(vbuf[l], mode="drop")
   rows = jnp.where(run0, sl, s)
   state = state.replace(k=k, v=v, page_table=table,
                         lens=state.lens.at[rows].add(nnew, mode="drop"),
