@@ -12,7 +12,7 @@ from tree_rl.models.tokenizers import BuiltinTokenizer
 from tree_rl.models.transformer import Transformer
 
 
-def steered_model(tok, transitions, scale=0.7, seed=0):
+def steered_model(tok, transitions, scale=0.7, seed=0, attn_scale=10.0):
   """The tiny shape (untied head) with random layers, unit-scale embeddings and an output head
   that makes token a likely followed by each of transitions[a] (logit margin about 8), so
   random sampling produces valid moves while the layers keep the logits context dependent."""
@@ -21,8 +21,8 @@ def steered_model(tok, transitions, scale=0.7, seed=0):
   emb = jax.random.normal(jax.random.key(seed + 1), model.embed[...].shape)
   model.embed[...] = emb
   for layer in model.layers:  # make attention matter: the context moves the logits
-    layer.attn.o_kernel[...] = 10.0 * layer.attn.o_kernel[...]
-    layer.attn.v_kernel[...] = 10.0 * layer.attn.v_kernel[...]
+    layer.attn.o_kernel[...] = attn_scale * layer.attn.o_kernel[...]
+    layer.attn.v_kernel[...] = attn_scale * layer.attn.v_kernel[...]
   head = 0.02 * jax.random.normal(jax.random.key(seed + 2), model.lm_head[...].shape)
   for a, targets in transitions.items():
     u = emb[a] / jnp.sqrt(jnp.mean(emb[a] ** 2)) / emb.shape[1]
@@ -52,3 +52,14 @@ def rollout_config(**overrides):
 
 
 CAPACITY = 20   # node slots per prompt: the largest need of the methods above (tree_grpo)
+
+
+def toolcall_model(tok):
+  """Steered towards `<search></search>` and `<answer></answer>` replies."""
+  ids = {s: tok.encode(s)[0] for s in ("\n", "<search>", "</search>", "<answer>", "</answer>",
+                                       "<|im_end|>")}
+  return steered_model(tok, {ids["\n"]: (ids["<search>"], ids["<answer>"]),
+                             ids["<search>"]: (ids["</search>"],),
+                             ids["<answer>"]: (ids["</answer>"],),
+                             ids["</search>"]: (ids["<|im_end|>"],),
+                             ids["</answer>"]: (ids["<|im_end|>"],)}, scale=8.0, attn_scale=1.0)

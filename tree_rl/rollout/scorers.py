@@ -78,13 +78,15 @@ def names() -> list[str]:
 def build(cfg, **resources) -> ScoreFn:
   """The scorer named by `cfg.name` (config.scorer), its output clipped to [0, 1] and masked."""
   fn = get(cfg.name)(cfg, **resources)
+  # Scorers that call the sampler or carry a model run op by op around their own jitted parts.
+  host = getattr(fn, "host", False) or any(getattr(r, "host", False) for r in resources.values())
 
   def score(batch: ScoreInput, key: jax.Array) -> jax.Array:
     s = jnp.asarray(fn(batch, key), jnp.float32)
     s = jnp.clip(jnp.nan_to_num(s, nan=0.5), 0.0, 1.0)
     return jnp.where(batch.mask, s, 0.0)
 
-  return score
+  return score if host else jax.jit(score)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,7 +328,8 @@ def score_input(tree, node_ids: jax.Array, max_len: int, max_depth: int) -> Scor
   ends = jnp.cumsum(seg_len, axis=-1)[..., 1:]                  # skip the root (prompt)
   steps = jnp.sum(rows[..., 1:] >= 0, axis=-1)
   step_ends = jnp.where(rows[..., 1:] >= 0, jnp.minimum(ends, max_len), -1)
-  flat = lambda x: x.reshape((-1,) + x.shape[2:])
+  rows_n = node_ids.shape[0] * node_ids.shape[1]
+  flat = lambda x: x.reshape((rows_n,) + x.shape[2:])  # noqa: E731
   root = rows[..., 0]
   return ScoreInput(
       tokens=flat(seqs.tokens), lengths=flat(seqs.lengths), step_ends=flat(step_ends),
@@ -354,3 +357,81 @@ def toolcall_progress(env, env_params, state, root_state):
   """Fraction of the facts the question needs that searches have shown; 1 once answered right."""
   del env_params, root_state
   return jnp.where(state.correct, 1.0, env.retrieval_progress(state).astype(jnp.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# resources: the sampler as a judge's text generator, a model as a PRM's forward.
+
+
+def sampler_generate(model, *, max_seqs: int, max_len: int, max_new: int, stop_ids,
+                     page_size: int = 16, kv_dtype: str = "float32", num_pages: int | None = None):
+  """`generate(tokens [B, L], lengths [B], key) -> (new_tokens [B, max_new], lengths [B])`:
+  greedy decoding of `model` through the paged sampler (one cache reused, released per call).
+
+  The cache is bound to the model's weights at this call: rebuild after a weight update.
+  """
+  from tree_rl import sampling
+
+  pages_per_seq = -(-(max_len + max_new + 1) // page_size)
+  box = [sampling.init_cache(model, max_seqs=max_seqs, page_size=page_size, kv_dtype=kv_dtype,
+                             num_pages=num_pages or max_seqs * pages_per_seq,
+                             max_pages_per_seq=pages_per_seq)]
+  stops = tuple(stop_ids)
+
+  def generate(tokens, lengths, key):
+    b = tokens.shape[0]
+    if b > max_seqs:
+      raise ValueError(f"judge batch {b} exceeds the judge cache's {max_seqs} sequences")
+    slots = jnp.arange(b, dtype=jnp.int32)
+    valid = lengths > 0
+    cache, _ = sampling.prefill(box[0], slots, tokens, jnp.maximum(lengths, 1), valid)
+    cache, out = sampling.decode(cache, slots, key, max_new=max_new, stop_ids=stops,
+                                 temperature=0.0, valid=valid)
+    box[0] = sampling.release(cache, slots)
+    return jnp.where(out.tokens >= 0, out.tokens, 0), jnp.where(valid, out.lengths, 0)
+
+  generate.host = True  # calls the sampler's host API: not jittable as a whole
+  return generate
+
+
+def dense_lm(model):
+  """`lm(tokens, positions) -> logits`: a jitted causal forward of `model` (split once)."""
+  from flax import nnx
+
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def fwd(state, tokens, positions):
+    return nnx.merge(graphdef, state)(tokens, positions)
+
+  lm = lambda tokens, positions: fwd(state, tokens, positions)  # noqa: E731
+  lm.host = True
+  return lm
+
+
+def from_config(config, *, env=None, tokenizer=None, policy_model=None, judge_model=None,
+                prm_model=None, max_batch: int = 256, name: str | None = None) -> ScoreFn:
+  """The scorer of `config.scorer` with the resources it needs built from the given models.
+
+  judge: `judge_model` (or the policy when config.scorer.judge_model == 'policy');
+  prm: `prm_model` (default: the policy model). `name` overrides config.scorer.name.
+  """
+  sc = config.scorer
+  if name is not None:
+    sc = sc.copy_and_resolve_references()
+    sc.name = name
+  res = dict(env=env, env_params=getattr(env, "default_params", None), tokenizer=tokenizer)
+  if sc.name == "judge":
+    model = policy_model if sc.judge_model == "policy" else judge_model
+    if model is None:
+      raise ValueError("scorer 'judge' needs a judge model (config.scorer.judge_model)")
+    tmpl = sc.judge_template or DEFAULT_JUDGE_TEMPLATE
+    res["generate"] = sampler_generate(
+        model, max_seqs=max_batch, max_len=len(tokenizer.encode(tmpl)) + int(sc.judge_context_tokens),
+        max_new=int(sc.judge_max_tokens), stop_ids=tokenizer.stop_ids)
+  if sc.name == "prm":
+    model = prm_model or policy_model
+    if model is None:
+      raise ValueError("scorer 'prm' needs a model (prm_model or the policy)")
+    res["lm"] = dense_lm(model)
+  return build(sc, **res)
