@@ -80,3 +80,34 @@ def test_each_operation_traces_once_per_shape(model, monkeypatch):
     assert int(sampling.pages_in_use(d.cache)[0]) == 0
   finally:
     api._build.cache_clear()
+
+
+def test_too_small_explicit_window_refuses_the_row(model):
+  d = Driver(model)
+  d.prefill({0: list(range(1, 12)), 1: [5, 6]})          # 10 stored tokens: 3 private pages
+  k_before = np.asarray(d.cache.state.k).copy()
+  out, _ = d.decode([0, 1], attention="cascade", shared_pages=0, window_pages=1)
+  assert int(out.stop_reason[0]) == R.WINDOW and int(out.lengths[0]) == 0
+  assert int(out.stop_reason[1]) == R.TURN_LIMIT
+  assert int(d.cache.state.lens[0]) == 10
+  np.testing.assert_array_equal(np.asarray(d.cache.state.k)[:, np.asarray(d.cache.state.page_table)[0, :3]],
+                                k_before[:, np.asarray(d.cache.state.page_table)[0, :3]])
+  _, res = d.decode([0])                                   # the reference window still works
+  check_greedy(model, *res[0])
+
+
+def test_new_weights_need_a_reset_that_empties_the_cache(model):
+  from conftest import make_model
+  d = Driver(model)
+  d.prefill({0: [1, 2, 3, 4, 5]})
+  old_version = d.cache.params_version
+  new_model = make_model(seed=1)
+  d.cache = sampling.reset(d.cache, new_model)
+  d.seqs.clear()
+  assert d.cache.params_version > old_version
+  assert int(sampling.pages_in_use(d.cache)[0]) == 0 and not np.asarray(d.cache.state.live).any()
+  out, _ = d.decode([0])
+  assert int(out.stop_reason[0]) == R.NOT_LIVE and int(out.lengths[0]) == 0
+  d.prefill({0: [1, 2, 3, 4, 5]})
+  _, res = d.decode([0])
+  check_greedy(new_model, *res[0])

@@ -8,7 +8,8 @@
 
 Weights: `init_cache` splits the NNX model once and keeps its parameter arrays inside the cache;
 every operation runs with exactly those weights, so a cache filled under old weights cannot be
-reused with new ones (start a new cache per policy version; `cache.params_version` counts them).
+reused with new ones: `reset(cache, model)` (or `init_cache`) is the only way to new weights, and it
+empties every slot. `cache.params_version` increases with every binding.
 
 Every operation donates the previous cache state: use only the returned cache. Slot ids are
 global; with a mesh, slot g lives on data shard g // max_seqs (each shard has its own pool of
@@ -48,6 +49,7 @@ class Cache:
   spec: C.CacheSpec = struct.field(pytree_node=False)
   mesh: Mesh | None = struct.field(pytree_node=False, default=None)
   data_axis: str = struct.field(pytree_node=False, default="data")
+  tensor_axis: str | None = struct.field(pytree_node=False, default=None)
 
   @property
   def num_shards(self) -> int:
@@ -91,7 +93,17 @@ def init_cache(model: nnx.Module, *, max_seqs: int, num_pages: int, max_pages_pe
     state = jax.device_put(state, _state_shardings(state, mesh, data_axis, tensor_axis))
     params = jax.device_put(params, _param_shardings(params, mesh, tensor_axis))
   return Cache(params=params, state=state, params_version=next(_VERSION), graphdef=graphdef,
-               spec=spec, mesh=mesh, data_axis=data_axis)
+               spec=spec, mesh=mesh, data_axis=data_axis, tensor_axis=tensor_axis)
+
+
+def reset(cache: Cache, model: nnx.Module) -> Cache:
+  """A cache with the same capacities and mesh bound to `model`'s current weights, every slot
+  empty and every page free. The way to move to new weights: nothing cached under the old
+  weights survives it."""
+  return init_cache(model, max_seqs=cache.spec.max_seqs, num_pages=cache.spec.num_pages,
+                    max_pages_per_seq=cache.spec.max_pages_per_seq, page_size=cache.spec.page_size,
+                    kv_dtype=cache.spec.kv_dtype, mesh=cache.mesh, data_axis=cache.data_axis,
+                    tensor_axis=cache.tensor_axis)
 
 
 def init_cache_from_config(model: nnx.Module, sampler_config, *, max_seqs: int,
