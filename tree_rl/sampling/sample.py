@@ -14,26 +14,27 @@ def sample(key: jax.Array, logits: jax.Array, temperature: jax.Array, top_k: int
   temperature is a traced scalar, and temperature <= 0 means greedy.
   """
   logits = logits.astype(jnp.float32)
-  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
   t = jnp.asarray(temperature, jnp.float32)
-  scaled = logits / jnp.maximum(t, 1e-6)
-  if top_k and top_k < logits.shape[-1]:
-    vals, idx = jax.lax.top_k(scaled, top_k)
-    if top_p < 1.0:
-      vals = _top_p_filter(vals, top_p)
-    choice = jax.random.categorical(key, vals, axis=-1)
-    sampled = jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0]
-  else:
+
+  def draw(logits):
+    scaled = logits / jnp.maximum(t, 1e-6)
+    if top_k and top_k < logits.shape[-1]:
+      vals, idx = jax.lax.top_k(scaled, top_k)
+      if top_p < 1.0:
+        vals = _top_p_filter(vals, top_p)
+      choice = jax.random.categorical(key, vals, axis=-1)
+      return jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
     if top_p < 1.0:
       order = jnp.argsort(-scaled, axis=-1)
       vals = _top_p_filter(jnp.take_along_axis(scaled, order, axis=-1), top_p)
       choice = jax.random.categorical(key, vals, axis=-1)
-      sampled = jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
-    else:
-      sampled = jax.random.categorical(key, scaled, axis=-1)
-  tokens = jnp.where(t > 0, sampled.astype(jnp.int32), greedy)
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+      return jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
+    return jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+
+  greedy = lambda logits: jnp.argmax(logits, axis=-1).astype(jnp.int32)  # noqa: E731
+  tokens = jax.lax.cond(t > 0, draw, greedy, logits)   # only one branch runs
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  return tokens, jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - lse
 
 
 def _top_p_filter(sorted_vals: jax.Array, top_p: float) -> jax.Array:

@@ -1,0 +1,38 @@
+"""Sampling filters against hand-computed expectations."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tree_rl.sampling.sample import _top_p_filter, sample
+
+LOGITS = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * 4096))
+
+
+def _freq(tokens):
+  return np.bincount(np.asarray(tokens), minlength=4) / tokens.shape[0]
+
+
+def test_greedy_at_temperature_zero_and_logprob_under_temperature_one():
+  tok, lp = sample(jax.random.key(0), LOGITS[:3], jnp.float32(0.0))
+  np.testing.assert_array_equal(tok, [0, 0, 0])
+  np.testing.assert_allclose(lp, np.log(0.5), rtol=1e-6)
+  tok, lp = sample(jax.random.key(0), LOGITS, jnp.float32(2.0))
+  np.testing.assert_allclose(lp, np.log(np.array([0.5, 0.3, 0.15, 0.05]))[np.asarray(tok)], rtol=1e-5)
+
+
+def test_top_p_keeps_smallest_prefix_reaching_mass():
+  vals = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+  kept = np.isfinite(np.asarray(_top_p_filter(vals, 0.7)))
+  np.testing.assert_array_equal(kept, [[True, True, False, False]])     # 0.5 < 0.7 <= 0.8
+  kept = np.isfinite(np.asarray(_top_p_filter(vals, 0.5)))
+  np.testing.assert_array_equal(kept, [[True, False, False, False]])
+
+
+def test_top_k_and_top_p_sampling_frequencies():
+  f = _freq(sample(jax.random.key(1), LOGITS, jnp.float32(1.0), top_k=2)[0])
+  np.testing.assert_allclose(f, [0.625, 0.375, 0, 0], atol=0.03)       # renormalised 0.5 : 0.3
+  f = _freq(sample(jax.random.key(2), LOGITS, jnp.float32(1.0), top_p=0.7)[0])
+  np.testing.assert_allclose(f, [0.625, 0.375, 0, 0], atol=0.03)
+  f = _freq(sample(jax.random.key(3), LOGITS, jnp.float32(1.0))[0])
+  np.testing.assert_allclose(f, [0.5, 0.3, 0.15, 0.05], atol=0.03)
