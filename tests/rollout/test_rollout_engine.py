@@ -212,3 +212,18 @@ def test_learner_formats():
                                         seqs.lengths.reshape(-1)) if n}
   theirs = {tuple(r[:np.nonzero(r)[0].max() + 1]) for r in rows}
   assert theirs <= mine
+
+
+def test_no_sharing_baseline_gives_the_same_tree_and_re_encodes_prefixes():
+  env, model, engine, states, box = setup()
+  base = Engine(env, TOK, max_turns=3, max_tokens_per_turn=6, attention="reference",
+                row_buckets="full", share_prefix=False)
+  policy = methods.get("tree_grpo")(rollout_config().rollout)
+  out, box[0] = run(base, policy, box[0], states, jax.random.key(0), capacity=CAPACITY)
+  shared, _ = cached("tree_grpo")
+  out = jax.device_get(out)
+  np.testing.assert_array_equal(out.tree.tokens, shared.tree.tokens)
+  np.testing.assert_allclose(out.tree.logprobs, shared.tree.logprobs, atol=2e-4)
+  assert (np.asarray(out.budget.reused) == 0).all()
+  np.testing.assert_array_equal(np.asarray(out.budget.prefilled),
+                                np.asarray(shared.budget.prefilled) + np.asarray(shared.budget.reused))

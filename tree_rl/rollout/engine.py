@@ -75,7 +75,8 @@ class Engine:
 
   def __init__(self, env, tokenizer, *, max_turns: int, max_tokens_per_turn: int,
                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-               env_params=None, attention: str = "auto", row_buckets: str = "pow2"):
+               env_params=None, attention: str = "auto", row_buckets: str = "pow2",
+               share_prefix: bool = True):
     if max_turns < 1:
       raise ValueError(f"config.rollout.max_turns must be >= 1, got {max_turns}")
     if max_tokens_per_turn < 1:
@@ -90,6 +91,7 @@ class Engine:
     if row_buckets not in ("pow2", "full"):
       raise ValueError(f"row_buckets must be 'pow2' or 'full', got {row_buckets!r}")
     self.row_buckets = row_buckets
+    self.share_prefix = bool(share_prefix)
     self.stop_ids = tuple(tokenizer.stop_ids)
     self.eot = int(tokenizer.end_of_turn_id)
     state, _ = jax.eval_shape(lambda k: env.reset(k, self.env_params), jax.random.key(0))
@@ -102,6 +104,7 @@ class Engine:
     self._plan_jit = jax.jit(self._plan, static_argnums=(2,))
     self._commit_jit = jax.jit(self._commit, donate_argnums=(0, 1))
     self._charge_jit = jax.jit(self._charge_prefill, donate_argnums=(0,))
+    self._context_jit = jax.jit(self._contexts)
 
   # ------------------------------------------------------------------ sizes
   def max_context(self) -> int:
@@ -214,9 +217,18 @@ class Engine:
     forks = plan["wfork"]
     budget = budget.add(generated=seg(lens), env_steps=seg(jnp.ones((w,), jnp.int32)),
                         tool_calls=seg(tool), forks=seg(forks.astype(jnp.int32)),
-                        reused=seg(jnp.where(forks, tree.ctx_len[wp, nparent], 0)))
+                        reused=seg(jnp.where(forks & self.share_prefix, tree.ctx_len[wp, nparent], 0)))
     ended = valid & (done | trunc)
     return tree, budget, obs, obs_len, need_obs, ended
+
+  def _contexts(self, tree, wp, nodes):
+    """Root..node tokens of rows (wp, nodes) [W]: what the no-sharing baseline re-encodes."""
+    from tree_rl.rollout.sequences import path_sequences
+    ids = jnp.full((tree.num_prompts, wp.shape[0]), -1, jnp.int32)
+    ids = ids.at[wp, jnp.arange(wp.shape[0])].set(nodes)
+    seqs = path_sequences(tree, ids, self.max_context(), self.max_turns)
+    rows = jnp.arange(wp.shape[0])
+    return seqs.tokens[wp, rows], seqs.lengths[wp, rows]
 
   @staticmethod
   def _charge_prefill(budget, wp, computed, ok):
@@ -252,7 +264,13 @@ class Engine:
     self._check("prefill", pre.status, slots0, jnp.ones((p,), bool))
     budget = Budget.zeros(p).add(prefilled=pre.computed)
     live = jnp.zeros((p, layout.capacity), bool).at[:, 0].set(True)
-    if m > 1:
+    if m > 1 and not self.share_prefix:   # baseline: every tree re-encodes the prompt
+      chi = (pidx[:, None] * layout.capacity + jnp.arange(1, m)[None]).reshape(-1)
+      cache, pre = sampling.prefill(cache, chi, jnp.repeat(toks, m - 1, axis=0), jnp.repeat(lens, m - 1))
+      self._check("prefill", pre.status, chi, jnp.ones(chi.shape, bool))
+      budget = budget.add(forks=jnp.full((p,), m - 1), prefilled=pre.computed.reshape(p, m - 1).sum(1))
+      live = live.at[:, :m].set(True)
+    elif m > 1:
       par = jnp.repeat(slots0, m - 1)
       chi = (pidx[:, None] * layout.capacity + jnp.arange(1, m)[None]).reshape(-1)
       cache, st = sampling.fork(cache, par, chi)
@@ -286,7 +304,16 @@ class Engine:
     wp, valid = plan["wp"], plan["wvalid"]
     par_slots = self._slots(layout, wp, plan["wpar"])
     child_slots = self._slots(layout, wp, plan["wchild"])
-    cache, st = sampling.fork(rs.cache, par_slots, child_slots, valid)
+    if self.share_prefix:
+      cache, st = sampling.fork(rs.cache, par_slots, child_slots, valid)
+    else:  # baseline: a branch re-encodes its whole prefix; a continuation keeps its cache
+      cont = valid & ~plan["wfork"]
+      cache, st = sampling.fork(rs.cache, par_slots, child_slots, cont)
+      ctx, ctx_len = self._context_jit(rs.tree, wp, plan["wpar"])
+      cache, pre0 = sampling.prefill(cache, child_slots, ctx, jnp.maximum(ctx_len, 1), plan["wfork"])
+      self._check("prefill", pre0.status, child_slots, plan["wfork"])
+      st = jnp.where(cont, st, pre0.status)
+      rs = dataclasses.replace(rs, budget=self._charge_jit(rs.budget, wp, pre0.computed, plan["wfork"]))
     p_idx = jnp.arange(layout.num_prompts)[:, None]
     live = rs.live.at[p_idx, jnp.where(children >= 0, children, layout.capacity)].set(True, mode="drop")
     cache, out = sampling.decode(cache, child_slots, key, max_new=self.max_new,

@@ -1,0 +1,48 @@
+"""Engine, policy and scorer from a config (`config.rollout`, `config.scorer`), with validation."""
+
+from __future__ import annotations
+
+from tree_rl.rollout import methods, scorers
+from tree_rl.rollout.budget import check_unit
+from tree_rl.rollout.engine import Engine
+
+
+def validate(config) -> None:
+  """Fail before any compute on unknown names or impossible rollout settings (naming the field)."""
+  r = config.rollout
+  methods.get(r.method)                        # raises with the known methods
+  check_unit(r.budget_unit)
+  for f in ("max_turns", "max_tokens_per_turn", "prompts_per_step"):
+    if int(r[f]) < 1:
+      raise ValueError(f"config.rollout.{f} must be >= 1, got {r[f]}")
+  if float(r.temperature) < 0:
+    raise ValueError(f"config.rollout.temperature must be >= 0, got {r.temperature}")
+  if int(r.budget) < 0:
+    raise ValueError(f"config.rollout.budget must be >= 0 (0 = unlimited), got {r.budget}")
+  policy = methods.get(r.method)(r)            # raises on bad method fields
+  if policy.score_every:
+    scorers.get(policy.scorer_override or config.scorer.name)
+
+
+def make_policy(config) -> methods.Policy:
+  validate(config)
+  return methods.get(config.rollout.method)(config.rollout)
+
+
+def make_engine(config, env, tokenizer, **kwargs) -> Engine:
+  """The engine for `env` under config.rollout (sampling settings) and config.sampler.attention."""
+  r = config.rollout
+  kwargs.setdefault("attention", config.sampler.attention)
+  return Engine(env, tokenizer, max_turns=int(r.max_turns), max_tokens_per_turn=int(r.max_tokens_per_turn),
+                temperature=float(r.temperature), top_k=int(r.top_k), top_p=float(r.top_p), **kwargs)
+
+
+def make_scorer(config, policy: methods.Policy, *, env=None, tokenizer=None, policy_model=None,
+                judge_model=None, prm_model=None):
+  """The process scorer the policy needs (None for chain / tree_grpo)."""
+  if not policy.score_every:
+    return None
+  return scorers.from_config(config, env=env, tokenizer=tokenizer, policy_model=policy_model,
+                             judge_model=judge_model, prm_model=prm_model,
+                             name=policy.scorer_override,
+                             max_batch=int(config.rollout.prompts_per_step) * policy.slots)
