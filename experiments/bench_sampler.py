@@ -40,7 +40,7 @@ _PAGE = flags.DEFINE_integer("page_size", 16, "Tokens per page.")
 _WORKLOADS = flags.DEFINE_list("workloads", ["tree", "two_level", "baseline"], "Workloads to run.")
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed repetitions after the warm-up (best is reported).")
 _BANDWIDTH = flags.DEFINE_float("bandwidth", 3.35e12, "Memory bandwidth in bytes/s for the roofline.")
-_RNG = flags.DEFINE_string("rng_impl", "", "PRNG impl for sampling keys (e.g. rbg on GPU; default jax's).")
+_RNG = flags.DEFINE_string("rng_impl", "rbg", "PRNG impl of the sampling keys (rbg: XLA RngBitGenerator; '' = jax default).")
 _PEER = flags.DEFINE_bool("peer", False, "Also run ../shared/peers/hf_generate_peer.py on the same workload.")
 _PEER_SCRIPT = flags.DEFINE_string("peer_script", "../shared/peers/hf_generate_peer.py", "Peer script path.")
 _PEER_CACHE = flags.DEFINE_string("peer_cache", "", "Peer cache kinds (default: static on GPU, dynamic on CPU).")
@@ -172,7 +172,7 @@ def main(_):
   key_fn = (lambda k: jax.random.key(k, impl=_RNG.value)) if _RNG.value else jax.random.key
   meta = dict(device=str(jax.devices()[0].device_kind), backend=jax.default_backend(),
               jax=jax.__version__, flax=flax.__version__, python=platform.python_version(),
-              model=_MODEL.value, dtype=_DTYPE.value, kv_dtype=_KV_DTYPE.value or _DTYPE.value,
+              model=_MODEL.value, dtype=_DTYPE.value, rng_impl=_RNG.value or "default", kv_dtype=_KV_DTYPE.value or _DTYPE.value,
               B=_BATCH.value, P=_PROMPT.value, G=_GEN.value, page_size=_PAGE.value,
               command=" ".join(sys.argv))
   rows = []
