@@ -22,10 +22,10 @@ def test_frozenlake_maps_build_and_read(tmp_path):
   assert states.tiles.shape == (8, 9, 9)
   # the stored maps are the generator's maps for the same keys
   keys = jax.random.split(jax.random.fold_in(jax.random.key(42), 1), 8)
-  tiles, size, start, goal = jax.vmap(lambda k: fl.generate_map(k, env.default_params, 9))(keys)
+  tiles, size, start, goal = jax.jit(jax.vmap(lambda k: fl.generate_map(k, env.default_params, 9)))(keys)
   np.testing.assert_array_equal(states.tiles, tiles)
   np.testing.assert_array_equal(states.pos, start)
-  d = np.asarray(jax.vmap(fl.distance_to_goal)(states))
+  d = np.asarray(jax.jit(jax.vmap(fl.distance_to_goal))(states))
   assert np.all((d >= 1) & (d <= 8))
   train = load_frozenlake_maps(str(tmp_path), "train", env, config="small")
   assert train.tiles.shape[0] == 40 and not np.array_equal(train.tiles[:8], states.tiles)

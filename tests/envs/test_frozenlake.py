@@ -170,7 +170,7 @@ def test_snapshot_restore_replays_identically():
   env = envs.make("frozenlake", preset="ragen", tokenizer=BuiltinTokenizer())
   p = env.default_params
   batch = 16
-  states, _ = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(KEY, batch), p)
+  states, _ = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(jax.random.split(KEY, batch), p)
   step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
   render = jax.jit(jax.vmap(env.observation_tokens, in_axes=(0, None, None)))
   rng = np.random.default_rng(0)

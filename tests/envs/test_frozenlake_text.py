@@ -85,7 +85,7 @@ def test_parse_random_token_ids(builtin_tok):
 
 def _random_states(env, n, seed):
   p = env.default_params
-  states, _ = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.key(seed), n), p)
+  states, _ = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(jax.random.split(jax.random.key(seed), n), p)
   step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
   out = [states]
   rng = np.random.default_rng(seed)
@@ -111,6 +111,7 @@ def test_render_device_equals_host(preset, tok_name, request):
   for k, states in enumerate(all_states):
     closed = np.arange(n) % 2 == 0
     toks, lens = prompt(states, p) if k == 0 else obs(states, closed, p)
+    toks, lens, states = np.asarray(toks), np.asarray(lens), jax.tree.map(np.asarray, states)
     for i in range(n):
       s = jax.tree.map(lambda x: x[i], states)
       statuses.add(int(s.status))

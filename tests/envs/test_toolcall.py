@@ -142,7 +142,7 @@ def test_bm25_matches_host(env):
   queries = [" ".join(rng.choice(vocab, size=rng.integers(1, 5))) + rng.choice(["", " zzz", "?"])
              for _ in range(40)]
   ids, lens = _encode(env.tokenizer, [f"<search>{q}</search>" for q in queries], env.max_reply_tokens)
-  acts = jax.vmap(env.parse_action)(ids, lens)
+  acts = jax.jit(jax.vmap(env.parse_action))(ids, lens)
   scores = np.asarray(jax.jit(jax.vmap(env.bm25))(acts.words, acts.n_words))
   for i, q in enumerate(queries):
     want = tc.host_bm25(list(env.kb.facts), q.encode(), env.max_words)
@@ -193,11 +193,11 @@ def test_external_tool_through_io_callback(builtin_tok):
   replies = ["<search>Tail founded</search>", "no tags", "<search>caf\u00e9 born</search>", "<answer>x</answer>"]
   ids, lens = _encode(builtin_tok, replies, e.max_reply_tokens)
   states = jax.vmap(e.init_state)(jnp.arange(4))
-  acts = jax.vmap(e.parse_action)(ids, lens)
+  acts = jax.jit(jax.vmap(e.parse_action))(ids, lens)
   states, _, reward, done, info = jax.jit(jax.vmap(e.step, in_axes=(0, 0, 0, None)))(
       jax.random.split(KEY, 4), states, acts, e.default_params)
   assert calls == ["Tail founded", "caf\u00e9 born"]   # only the envs that searched called the tool
-  toks, tl = jax.vmap(e.observation_tokens, in_axes=(0, None, None))(states, True, e.default_params)
+  toks, tl = jax.jit(jax.vmap(e.observation_tokens, in_axes=(0, None, None)))(states, True, e.default_params)
   for i in range(4):
     s = jax.tree.map(lambda x: x[i], states)
     assert builtin_tok.decode(np.asarray(toks[i, :tl[i]])) == tc.observation_text(e, s, True)

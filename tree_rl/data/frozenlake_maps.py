@@ -68,9 +68,13 @@ class FrozenLakeMaps(tfds.core.GeneratorBasedBuilder):
       return tiles, size, start, goal, fl.bfs_distance(tiles, size, size, start, goal)
 
     gen = jax.jit(jax.vmap(one))
-    for lo in range(0, count, 4096):
-      tiles, size, start, goal, dist = jax.tree.map(np.asarray, gen(keys[lo:lo + 4096]))
-      for j in range(tiles.shape[0]):
+    chunk = 256                          # one compiled shape; the last chunk is padded
+    for lo in range(0, count, chunk):
+      k = keys[lo:lo + chunk]
+      if k.shape[0] < chunk:
+        k = jax.numpy.concatenate([k, jax.random.split(jax.random.key(0), chunk - k.shape[0])])
+      tiles, size, start, goal, dist = jax.tree.map(np.asarray, gen(k))
+      for j in range(min(chunk, count - lo)):
         yield lo + j, {"tiles": tiles[j].astype(np.int8), "size": size[j], "start": start[j],
                        "goal": goal[j], "shortest_path": dist[j]}
 

@@ -63,8 +63,18 @@ def grid_text(grid: np.ndarray, nrow: int, ncol: int) -> str:
   return "".join(" ".join(CELL_CHARS[int(c)] for c in grid[r, :ncol]) + "\n" for r in range(nrow))
 
 
+def host_grid(state) -> np.ndarray:
+  """OBS_* codes of the map with the player drawn on it (numpy)."""
+  tiles = np.asarray(state.tiles)
+  grid = np.array([fl.OBS_FROZEN, fl.OBS_HOLE, fl.OBS_GOAL, fl.OBS_PAD])[tiles]
+  r, c = (int(x) for x in np.asarray(state.pos))
+  grid[r, c] = {fl.HOLE: fl.OBS_PLAYER_IN_HOLE, fl.GOAL: fl.OBS_PLAYER_ON_GOAL}.get(int(tiles[r, c]),
+                                                                                   fl.OBS_PLAYER)
+  return grid
+
+
 def content_text(state, params, head: str) -> str:
-  grid = np.asarray(fl.observation_grid(state))
+  grid = host_grid(state)
   remaining = max(int(params.max_steps) - int(state.steps), 0)
   return head + grid_text(grid, int(state.nrow), int(state.ncol)) + steps_text(remaining)
 
