@@ -50,8 +50,13 @@ def base_config() -> ml_collections.ConfigDict:
   )
   c.env = dict(
       name="frozenlake",        # a name in tree_rl.envs' registry
-      preset="rllm",            # env preset (frozenlake: rllm | ragen)
+      preset="rllm",            # env preset (frozenlake: rllm | ragen; toolcall: default)
       max_turns=10,             # agent turns per episode
+      split="train",            # toolcall: question split episodes draw from (train | test)
+      data_dir="",              # TFDS dir of prepared map sets / KB (tree_rl.data); "" = generate from data_seed
+      data_seed=42,             # seed of the fixed FrozenLake map sets (rLLM: 42) and of the toolcall KB
+      top_k=3,                  # toolcall: facts returned per search
+      max_calls=4,              # toolcall: tool calls per episode (methods compare at equal budgets)
   )
   c.sampler = dict(
       page_size=16,             # tokens per KV page

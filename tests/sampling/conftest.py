@@ -55,9 +55,10 @@ def check_greedy(model, prefix, new, logprobs=None, atol=2e-4):
       np.testing.assert_allclose(logprobs[i], row[tok], atol=atol)
 
 
-def check_invariants(cache, shard=0):
+def check_invariants(cache, shard=0, seqs=None):
   """Refcounts equal table references, the free list is exactly the free pages, shared pages are
-  full for all owners (so no page is owned by two diverged sequences)."""
+  full for all owners, and (given the Python mirror `seqs`: slot -> tokens) every owner of a
+  shared page has the same tokens in it, so no page is owned by two diverged sequences."""
   st = jax.device_get(cache.state)
   spec = cache.spec
   n, s, ps = spec.num_pages, spec.max_seqs, spec.page_size
@@ -82,3 +83,10 @@ def check_invariants(cache, shard=0):
     if len(own) > 1:
       for slot, j in own:
         assert (j + 1) * ps <= lens[slot], f"page {p} shared but partially filled for slot {slot}"
+      if seqs is not None:
+        blocks = {tuple(seqs[slot][j * ps:(j + 1) * ps]) for slot, j in own}
+        assert len(blocks) == 1, f"page {p} shared by sequences with different tokens: {blocks}"
+  if seqs is not None:
+    assert {i for i in range(s) if live[i]} == set(seqs)
+    for slot, toks in seqs.items():
+      assert int(lens[slot]) == len(toks) - 1

@@ -1,7 +1,6 @@
 """Random fork / prefill / decode / release programs keep the page table consistent."""
 
-import jax
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from tree_rl import sampling
 
@@ -9,38 +8,46 @@ from conftest import check_greedy, check_invariants, make_model
 from harness import B, T, Driver
 
 SLOTS = 6
+PAGES = 12
 MODEL = make_model()
-
-op = st.one_of(
-    st.tuples(st.just("prefill"), st.integers(0, SLOTS - 1), st.integers(1, T)),
-    st.tuples(st.just("fork"), st.integers(0, SLOTS - 1), st.integers(0, SLOTS - 1)),
-    st.tuples(st.just("decode"), st.lists(st.integers(0, SLOTS - 1), min_size=1, max_size=B, unique=True),
-              st.integers(0, 8)),
-    st.tuples(st.just("release"), st.integers(0, SLOTS - 1), st.just(0)),
-)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(op, min_size=1, max_size=12), st.integers(0, 2 ** 16))
-def test_random_programs_keep_refcounts_consistent(program, seed):
-  d = Driver(MODEL, max_seqs=SLOTS, num_pages=20, max_pages_per_seq=8)
-  for i, (kind, a, b) in enumerate(program):
+@given(st.data())
+def test_random_programs_keep_refcounts_consistent(data):
+  d = Driver(MODEL, max_seqs=SLOTS, num_pages=PAGES, max_pages_per_seq=8)
+  slot = st.integers(0, SLOTS - 1)
+  d.prefill({data.draw(slot): list(range(data.draw(st.integers(1, T))))})
+  for i in range(data.draw(st.integers(4, 14), "ops")):
+    live = sorted(d.seqs)
+    dead = [s for s in range(SLOTS) if s not in d.seqs]
+    kind = data.draw(st.sampled_from(["prefill", "fork", "fork", "decode", "decode", "release"]))
+    # Mostly well-formed operations, sometimes arbitrary slots (which must be refused safely).
+    pick = lambda pool: data.draw(st.sampled_from(pool) if pool and data.draw(st.integers(0, 4)) else slot)  # noqa: E731
     if kind == "prefill":
-      stored_after = len(d.seqs.get(a, [])) + b - 1
-      out = d.prefill({a: [(seed + i + j) % 64 for j in range(b)]})
+      s, n = pick(live + dead), data.draw(st.integers(1, T))
+      stored_after = len(d.seqs.get(s, [])) + n - 1
+      out = d.prefill({s: [(7 * i + j) % 64 for j in range(n)]})
       status = int(out.status[0])
+      event(f"prefill {sampling.STATUS_NAMES[status]}")
       assert (status == sampling.SEQ_CAPACITY) == (stored_after > 32)
       assert status in (sampling.OK, sampling.OUT_OF_PAGES, sampling.SEQ_CAPACITY)
     elif kind == "fork":
-      ok_expected = a in d.seqs and b not in d.seqs and a != b
+      a, b = pick(live), pick(dead)
+      well_formed = a in d.seqs and b not in d.seqs and a != b
       status = int(d.fork([(a, b)])[0])
-      assert (status in (sampling.OK, sampling.OUT_OF_PAGES)) == ok_expected
+      event(f"fork {sampling.STATUS_NAMES[status]}")
+      assert (status in (sampling.OK, sampling.OUT_OF_PAGES)) == well_formed
     elif kind == "decode":
-      d.decode(a, key=seed + i, max_tokens=[b] * len(a), temperature=1.0,
-               attention="cascade", shared_pages=8, window_pages=8)
+      rows = data.draw(st.lists(st.sampled_from(live) if live else slot, min_size=1, max_size=B, unique=True))
+      n = data.draw(st.integers(0, 8))
+      out, _ = d.decode(rows, key=i, max_tokens=[n] * len(rows), temperature=1.0,
+                        attention="cascade", shared_pages=8, window_pages=8)
+      for r in out.stop_reason[:len(rows)].tolist():
+        event(f"decode {sampling.REASON_NAMES[r]}")
     else:
-      d.release([a])
-    check_invariants(d.cache)
+      d.release([pick(live)])
+    check_invariants(d.cache, seqs=d.seqs)
   # Every surviving sequence's cache still reproduces its tokens exactly.
   live = sorted(d.seqs)
   for i in range(0, len(live), B):
@@ -48,6 +55,6 @@ def test_random_programs_keep_refcounts_consistent(program, seed):
     for prefix, new, lps in res.values():
       check_greedy(MODEL, prefix, new, lps)
   d.release(list(range(SLOTS)))
-  check_invariants(d.cache)
+  check_invariants(d.cache, seqs=d.seqs)
   assert int(sampling.pages_in_use(d.cache)[0]) == 0
-  assert int(d.cache.state.num_free[0]) == 20
+  assert int(d.cache.state.num_free[0]) == PAGES
