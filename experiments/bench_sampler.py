@@ -147,14 +147,14 @@ class Workload:
 
 
 def run_peer():
-  import jax
-  on_gpu = jax.default_backend() == "gpu"
+  """The HF peer in a subprocess, run before JAX claims the accelerator's memory."""
   if not os.path.exists(_PEER_SCRIPT.value):
     return [{"peer": "hf_generate", "error": f"{_PEER_SCRIPT.value} not found"}]
   try:
-    import torch  # noqa: F401
+    import torch
   except ImportError:
     return [{"peer": "hf_generate", "error": "torch not installed"}]
+  on_gpu = torch.cuda.is_available() and os.environ.get("JAX_PLATFORMS", "") != "cpu"
   shape = "qwen2.5-0.5b" if _MODEL.value == "qwen25_05b" else "tiny"
   cmd = [sys.executable, _PEER_SCRIPT.value, "--shape", shape, "--batch", str(_BATCH.value),
          "--prompt", str(_PROMPT.value), "--gen", str(_GEN.value),
@@ -166,6 +166,7 @@ def run_peer():
 
 
 def main(_):
+  peer_rows = run_peer() if _PEER.value else []
   import jax
   import flax
   model = build_model()
@@ -190,10 +191,9 @@ def main(_):
                      peak_pages=best["peak_pages"], step_ms=round(step_ms, 4),
                      floor_ms=round(floor, 4), step_over_floor=round(step_ms / floor, 2)))
     print(json.dumps(rows[-1]), flush=True)
-  if _PEER.value:
-    for r in run_peer():
-      rows.append(dict(r, workload="hf_peer"))
-      print(json.dumps(rows[-1]), flush=True)
+  for r in peer_rows:
+    rows.append(dict(r, workload="hf_peer"))
+    print(json.dumps(rows[-1]), flush=True)
   if _OUT.value:
     with open(_OUT.value, "w") as f:
       f.write("\n".join(json.dumps(r) for r in rows) + "\n")
