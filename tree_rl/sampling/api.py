@@ -40,9 +40,22 @@ WRAP = lambda name, fn: fn  # noqa: E731
 TENSOR_LOGICAL_AXES = ("heads", "kv_heads", "mlp")
 
 
+class _Static:
+  """A static value whose hash is computed once (an NNX GraphDef is slow to hash per call)."""
+
+  def __init__(self, value):
+    self.value, self._hash = value, hash(value)
+
+  def __hash__(self):
+    return self._hash
+
+  def __eq__(self, other):
+    return isinstance(other, _Static) and (self.value is other.value or self.value == other.value)
+
+
 @struct.dataclass
 class Cache:
-  params: Any                    # nnx.State of parameter arrays (the weights this cache is bound to)
+  params: tuple                  # the weights this cache is bound to, as a flat tuple of arrays
   state: C.CacheState
   params_version: int = struct.field(pytree_node=False)
   graphdef: Any = struct.field(pytree_node=False)
@@ -92,8 +105,9 @@ def init_cache(model: nnx.Module, *, max_seqs: int, num_pages: int, max_pages_pe
     state = jax.tree.map(lambda x: jnp.concatenate([x] * shards, axis=1 if x.ndim == 5 else 0), local)
     state = jax.device_put(state, _state_shardings(state, mesh, data_axis, tensor_axis))
     params = jax.device_put(params, _param_shardings(params, mesh, tensor_axis))
-  return Cache(params=params, state=state, params_version=next(_VERSION), graphdef=graphdef,
-               spec=spec, mesh=mesh, data_axis=data_axis, tensor_axis=tensor_axis)
+  leaves, treedef = jax.tree.flatten(params)
+  return Cache(params=tuple(leaves), state=state, params_version=next(_VERSION),
+               graphdef=_Static((graphdef, treedef)), spec=spec, mesh=mesh, data_axis=data_axis, tensor_axis=tensor_axis)
 
 
 def reset(cache: Cache, model: nnx.Module) -> Cache:
@@ -151,7 +165,7 @@ def _build(kind: str, graphdef, spec: C.CacheSpec, mesh, data_axis: str, statics
     if kind == "prefill":
       slots, tokens, lengths, valid = args
       slots, valid = _localise(slots, valid, spec, mesh, data_axis)
-      model = nnx.merge(graphdef, params)
+      model = _merge(graphdef, params)
       state, logits, status, computed = PF.prefill(model, state, slots, tokens, lengths, valid)
       return state, PrefillOutput(logits=logits, status=status, computed=computed)
     if kind == "fork":
@@ -172,7 +186,7 @@ def _build(kind: str, graphdef, spec: C.CacheSpec, mesh, data_axis: str, statics
       slots, valid = _localise(slots, valid, spec, mesh, data_axis)
       if mesh is not None:
         key = jax.random.fold_in(key, jax.lax.axis_index(data_axis))
-      model = nnx.merge(graphdef, params)
+      model = _merge(graphdef, params)
       return D.decode(model, state, slots, valid, key, max_tokens, budget, stop_ids, temperature, **st)
     raise ValueError(kind)
 
@@ -190,6 +204,12 @@ def _build(kind: str, graphdef, spec: C.CacheSpec, mesh, data_axis: str, statics
     fn = jax.shard_map(fn, mesh=mesh, in_specs=(P(), state_spec) + arg_specs, out_specs=out_specs,
                        axis_names=frozenset({data_axis}), check_vma=False)
   return jax.jit(fn, donate_argnums=(1,) if kind != "plan" else ())
+
+
+def _merge(static: _Static, leaves):
+  """The NNX model from plain arrays (trace-time only)."""
+  graphdef, treedef = static.value
+  return nnx.merge(graphdef, jax.tree.unflatten(treedef, list(leaves)))
 
 
 def _call(kind, cache: Cache, *args, statics=()):
