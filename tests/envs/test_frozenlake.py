@@ -223,3 +223,26 @@ def test_each_function_traces_once_and_batch_of_1024():
   # batched results equal the unbatched call for one env
   one = jax.tree.map(lambda x: x[7], states)
   np.testing.assert_array_equal(env.observation_tokens(one, True, p)[0], otoks[7])
+
+
+def test_registry_make_register_and_config(builtin_tok):
+  from tree_rl import config as cfg
+  assert {"frozenlake", "toolcall"} <= set(envs.registered())
+  with pytest.raises(KeyError, match="config.env.name"):
+    envs.make("nope")
+
+  class Tiny(fl.FrozenLake):     # a notebook can register its own env
+    pass
+
+  envs.register("tiny_lake", lambda tokenizer=None, preset="rllm": Tiny(preset, tokenizer=tokenizer),
+                config_fields=("preset",), overwrite=True)
+  assert isinstance(envs.make("tiny_lake"), Tiny)
+  c = cfg.base_config()
+  env = envs.from_config(c.env, builtin_tok)
+  assert isinstance(env, fl.FrozenLake) and int(env.default_params.max_turns) == c.env.max_turns
+  c.env.name, c.env.preset, c.env.max_calls = "toolcall", "default", 2
+  tool_env = envs.from_config(c.env, builtin_tok)
+  assert int(tool_env.default_params.max_calls) == 2 and tool_env.split == "train"
+  c.env.name = "tiny_lake"
+  c.env.preset = "ragen"
+  assert envs.from_config(c.env, builtin_tok).max_size == 4

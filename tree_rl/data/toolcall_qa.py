@@ -18,7 +18,7 @@ from tree_rl.envs.toolcall_kb import KnowledgeBase, Question, generate_kb
 
 @dataclasses.dataclass
 class ToolcallQaConfig(tfds.core.BuilderConfig):
-  seed: int = 0
+  seed: int = 42
   num_people: int = 60
   num_cities: int = 30
   num_countries: int = 10

@@ -12,12 +12,13 @@ copy. `register(name, factory)` adds an environment from a notebook.
 """
 
 from tree_rl.envs.base import Environment, repeat, restore, snapshot, take
-from tree_rl.envs.registry import make, register, registered
+from tree_rl.envs.registry import from_config, make, register, registered
 from tree_rl.envs.frozenlake import FrozenLake, FrozenLakeParams, FrozenLakeState, distance_to_goal
 
-register("frozenlake", FrozenLake)
+register("frozenlake", FrozenLake, config_fields=("preset", "max_turns"))
 from tree_rl.envs.toolcall import ToolAction, ToolCallEnv, ToolCallParams, ToolCallState
 from tree_rl.envs.toolcall_kb import KnowledgeBase, Question, generate_kb
 from tree_rl.envs.external_tool import ExternalTool
 
-register("toolcall", ToolCallEnv)
+register("toolcall", ToolCallEnv, config_fields=(
+    "preset", "max_turns", "split", "data_dir", "data_seed", "top_k", "max_calls"))

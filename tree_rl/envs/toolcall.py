@@ -83,9 +83,10 @@ class ToolCallState:
 
 
 class ToolCallEnv(Environment):
-  """`ToolCallEnv(tokenizer, split="train", kb=None, seed=0, top_k=3, tool=None, **options)`.
+  """`ToolCallEnv(tokenizer, split="train", kb=None, data_seed=42, top_k=3, tool=None, **options)`.
 
-  `kb` defaults to `generate_kb(seed, **kb_options)`; options may name ToolCallParams fields,
+  `kb` defaults to the one prepared in `data_dir` (TFDS, `tree_rl.data.ToolcallQa`) when given,
+  else `generate_kb(data_seed, **kb_options)`; options may name ToolCallParams fields,
   generate_kb arguments, or max_words / max_reply_tokens / max_reply_bytes / max_text_bytes.
   `tool`: an ExternalTool replacing BM25 retrieval over the KB.
   """
@@ -95,7 +96,7 @@ class ToolCallEnv(Environment):
               "max_hops")
 
   def __init__(self, tokenizer=None, split: str = "train", kb: KnowledgeBase | None = None,
-               seed: int = 0, top_k: int = 3, tool=None, max_words: int = 16,
+               data_seed: int = 42, data_dir: str = "", top_k: int = 3, tool=None, max_words: int = 16,
                max_reply_tokens: int = 64, max_reply_bytes: int | None = None,
                max_text_bytes: int = 128, preset: str = "default", **options):
     if tokenizer is None:
@@ -109,7 +110,10 @@ class ToolCallEnv(Environment):
                        f"{sorted(fields | set(self._KB_KEYS))}")
     if top_k < 1:
       raise ValueError(f"toolcall top_k must be >= 1, got {top_k}")
-    self.kb = kb or generate_kb(seed, **{k: options[k] for k in self._KB_KEYS if k in options})
+    if kb is None and data_dir:
+      from tree_rl.data.toolcall_qa import load_kb
+      kb = load_kb(data_dir)
+    self.kb = kb or generate_kb(data_seed, **{k: options[k] for k in self._KB_KEYS if k in options})
     self.questions = self.kb.split(split)
     self.split, self.top_k, self.tool = split, top_k, tool
     self.max_words, self.max_text_bytes = max_words, max_text_bytes
