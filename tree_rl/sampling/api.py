@@ -101,13 +101,16 @@ def init_cache(model: nnx.Module, *, max_seqs: int, num_pages: int, max_pages_pe
       raise ValueError(f"mesh has no data axis {data_axis!r}; axes: {tuple(mesh.shape)}")
     tensor_axis = tensor_axis if tensor_axis in mesh.shape else None
     shards = mesh.shape[data_axis]
-    local = C.empty_state(spec)
-    state = jax.tree.map(lambda x: jnp.concatenate([x] * shards, axis=1 if x.ndim == 5 else 0), local)
-    state = jax.device_put(state, _state_shardings(state, mesh, data_axis, tensor_axis))
+    def build():   # every shard's empty state side by side, created in place on its devices
+      local = C.empty_state(spec)
+      return jax.tree.map(lambda x: jnp.concatenate([x] * shards, axis=1 if x.ndim == 5 else 0), local)
+    shardings = _state_shardings(jax.eval_shape(build), mesh, data_axis, tensor_axis)
+    state = jax.jit(build, out_shardings=shardings)()
     params = jax.device_put(params, _param_shardings(params, mesh, tensor_axis))
   leaves, treedef = jax.tree.flatten(params)
   return Cache(params=tuple(leaves), state=state, params_version=next(_VERSION),
-               graphdef=_Static((graphdef, treedef)), spec=spec, mesh=mesh, data_axis=data_axis, tensor_axis=tensor_axis)
+               graphdef=_Static((graphdef, treedef)), spec=spec, mesh=mesh, data_axis=data_axis,
+               tensor_axis=tensor_axis)
 
 
 def reset(cache: Cache, model: nnx.Module) -> Cache:
