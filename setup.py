@@ -38,7 +38,8 @@ setup(
     extras_require={
         # torch pinned to the CPU build used by the HF parity tests and the peers.
         "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "hypothesis==6.170.17", "torch==2.13.0",
-                 "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0"],
+                 "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0",
+                 "gymnasium==1.4.0"],  # FrozenLake parity tests
         # Accelerators: pip install -e '.[cuda12]' (or cuda13 / tpu) on top of the pins above.
         "cuda12": ["jax[cuda12]"],
         "cuda13": ["jax[cuda13]"],
