@@ -37,6 +37,7 @@ _GEN = flags.DEFINE_integer("gen", 64, "New tokens per branch and turn G.")
 _FANOUT = flags.DEFINE_integer("fanout", 4, "two_level: first-level branches.")
 _OBS = flags.DEFINE_integer("obs", 32, "two_level: observation tokens between the turns.")
 _PAGE = flags.DEFINE_integer("page_size", 16, "Tokens per page.")
+_SEGMENTS = flags.DEFINE_integer("turn_segments", 1, "Decode loop segments (see sampling.decode).")
 _WORKLOADS = flags.DEFINE_list("workloads", ["tree", "two_level", "baseline"], "Workloads to run.")
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed repetitions after the warm-up (best is reported).")
 _BANDWIDTH = flags.DEFINE_float("bandwidth", 3.35e12, "Memory bandwidth in bytes/s for the roofline.")
@@ -89,7 +90,7 @@ class Workload:
     def decode(cache, slots, key, attention):
       t = time.perf_counter()
       cache, out = sampling.decode(cache, slots, self.key_fn(key), max_new=g, temperature=1.0,
-                                   attention=attention)
+                                   attention=attention, turn_segments=_SEGMENTS.value)
       n = int(np.asarray(out.lengths).sum())
       stats["decode_s"] += time.perf_counter() - t
       stats["steps"] += int(np.asarray(out.steps).max())
@@ -175,6 +176,7 @@ def main(_):
               jax=jax.__version__, flax=flax.__version__, python=platform.python_version(),
               model=_MODEL.value, dtype=_DTYPE.value, rng_impl=_RNG.value or "default", kv_dtype=_KV_DTYPE.value or _DTYPE.value,
               B=_BATCH.value, P=_PROMPT.value, G=_GEN.value, page_size=_PAGE.value,
+              turn_segments=_SEGMENTS.value,
               command=" ".join(sys.argv))
   rows = []
   for name in _WORKLOADS.value:

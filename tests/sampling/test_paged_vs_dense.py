@@ -122,3 +122,15 @@ def test_sampled_logprobs_match_dense_log_softmax(model):
       row = ref[len(prefix) - 1 + i]
       assert abs(lps[i] - row[t]) < 2e-4
       assert t in np.argsort(-row)[:10]
+
+
+def test_segmented_turn_loop_equals_dense(model):
+  d = Driver(model, attention="cascade")
+  d.prefill({0: [3, 4, 5, 6, 7], 1: [8]})
+  d.fork([(0, 2)])
+  out, res = d.decode([0, 1, 2], max_tokens=[8, 5, 7], turn_segments=3)
+  np.testing.assert_array_equal(np.asarray(out.lengths)[:3], [8, 5, 7])
+  check_all(model, res)
+  _, res = d.decode([0, 1, 2], turn_segments=3)
+  check_all(model, res)
+  check_invariants(d.cache)

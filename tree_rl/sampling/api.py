@@ -278,8 +278,8 @@ def _bucket(x: int, cap: int) -> int:
 def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=None, stop_ids=(),
            temperature=1.0, top_k: int = 0, top_p: float = 1.0, valid=None,
            attention: str = "auto", max_shared_pages: int = 256,
-           shared_pages: int | None = None, window_pages: int | None = None
-           ) -> tuple[Cache, D.DecodeOutput]:
+           shared_pages: int | None = None, window_pages: int | None = None,
+           turn_segments: int = 1) -> tuple[Cache, D.DecodeOutput]:
   """Generate one agent turn for rows `slots` [B] in one jitted `lax.while_loop`.
 
   Each row runs from its pending token until it samples one of `stop_ids`, reaches
@@ -294,7 +294,8 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
   shared by several rows once per step for all rows (at most max_shared_pages of them) plus a
   per-row private window. Unless shared_pages/window_pages are given, sizes are planned from the
   cache on the host (one small device-to-host copy per turn, rounded up to powers of two so only
-  a few shapes are compiled).
+  a few shapes are compiled). turn_segments > 1 splits the turn into that many loops so early
+  steps read less of the turn's own keys (costs one more compiled loop body per segment).
   """
   slots = _rows(slots, jnp.int32, "slots")
   b = slots.shape[0]
@@ -314,7 +315,8 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
       window_pages = _bucket(priv if cand <= shared_pages else used, mp) or 1
   full = lambda x, d: jnp.full((b,), max_new if x is None else x, jnp.int32) if x is None or np.ndim(x) == 0 else _rows(x, jnp.int32, d)  # noqa: E731
   statics = (("max_new", int(max_new)), ("top_k", int(top_k)), ("top_p", float(top_p)),
-             ("shared_pages", int(shared_pages)), ("window_pages", int(window_pages)))
+             ("shared_pages", int(shared_pages)), ("window_pages", int(window_pages)),
+             ("turn_segments", int(turn_segments)))
   stop = jnp.asarray(list(stop_ids) if not hasattr(stop_ids, "shape") else stop_ids, jnp.int32).reshape(-1)
   if stop.shape[0] == 0:
     stop = jnp.full((1,), -1, jnp.int32)

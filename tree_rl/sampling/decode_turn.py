@@ -14,6 +14,8 @@ row (reason OUT_OF_PAGES) before it could write anywhere.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -69,12 +71,15 @@ def plan(state: C.CacheState, slots: jax.Array, valid: jax.Array) -> jax.Array:
 
 def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, stop_ids,
            temperature, *, max_new: int, top_k: int = 0, top_p: float = 1.0,
-           shared_pages: int = 0, window_pages: int | None = None):
+           shared_pages: int = 0, window_pages: int | None = None, turn_segments: int = 1):
   """Generate up to max_new tokens for rows `slots` [B] (local ids) where `valid` [B].
 
   Each row starts from its pending token and stops at a stop id, at min(max_tokens, budget,
   max_new) new tokens, or when it cannot store more KV. The last sampled token becomes the
   row's pending token. Returns (state, DecodeOutput).
+
+  turn_segments > 1 splits the loop into that many consecutive while-loops; segment c attends
+  only the turn buffers of segments 0..c, so early steps read less (one compiled body each).
   """
   ps, n = state.k.shape[2], state.k.shape[1]
   s, mp = state.lens.shape[0], state.page_table.shape[1]
@@ -114,17 +119,20 @@ def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, st
   running = run0 & ~empty
 
   nl = state.k.shape[0]
-  kvh, hd = state.k.shape[3], state.k.shape[4]
+  kvh, hd, kvdt = state.k.shape[3], state.k.shape[4], state.k.dtype
   shared_k = state.k[:, shared_list].reshape(nl, ns * ps, kvh, hd) if ns > 0 else None
   shared_v = state.v[:, shared_list].reshape(nl, ns * ps, kvh, hd) if ns > 0 else None
   priv_k = [gather_pages(state.k[l], priv_table) for l in range(nl)]
   priv_v = [gather_pages(state.v[l], priv_table) for l in range(nl)]
-  # One buffer per layer (no slicing of a stacked buffer inside the loop).
-  kbuf = tuple(jnp.zeros((b, max_new, kvh, hd), state.k.dtype) for _ in range(nl))
-  vbuf = tuple(jnp.zeros((b, max_new, kvh, hd), state.v.dtype) for _ in range(nl))
+  # Turn buffers: per layer, one array per segment (never sliced inside the loop).
+  nseg = max(1, min(turn_segments, max_new))
+  bounds = [round(c * max_new / nseg) for c in range(nseg + 1)]
+  sizes = [bounds[c + 1] - bounds[c] for c in range(nseg)]
+  kbuf = tuple(tuple(jnp.zeros((b, z, kvh, hd), state.k.dtype) for z in sizes) for _ in range(nl))
+  vbuf = tuple(tuple(jnp.zeros((b, z, kvh, hd), state.v.dtype) for z in sizes) for _ in range(nl))
   stop_ids = jnp.asarray(stop_ids, jnp.int32).reshape(-1)
 
-  def body(carry):
+  def body(seg, carry):
     i, running, reason, pending, nnew, kbuf, vbuf, toks, lps, free_left = carry
     pos = start + nnew
     need = running & (pos % ps == 0)
@@ -135,15 +143,18 @@ def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, st
     free_left = free_left - (want & ~oom).sum()
     reason = jnp.where(cap, SEQ_CAPACITY, jnp.where(oom, OUT_OF_PAGES, reason))
     running = running & ~cap & ~oom
-    turn_mask = (jnp.arange(max_new) <= i)[None, None, :]
+    lo = bounds[seg]
+    turn_mask = jnp.broadcast_to((jnp.arange(sizes[seg]) <= i - lo)[None, None, :], (b, 1, sizes[seg]))
 
     def attend_fn(layer, q, k, v, bufs):
       kb, vb = bufs
-      kl = jax.lax.dynamic_update_slice(kb[layer], k.astype(kb[layer].dtype), (0, i, 0, 0))
-      vl = jax.lax.dynamic_update_slice(vb[layer], v.astype(vb[layer].dtype), (0, i, 0, 0))
-      kb = kb[:layer] + (kl,) + kb[layer + 1:]
-      vb = vb[:layer] + (vl,) + vb[layer + 1:]
-      parts = [(priv_k[layer], priv_v[layer], priv_mask), (kl, vl, jnp.broadcast_to(turn_mask, (b, 1, max_new)))]
+      kl = jax.lax.dynamic_update_slice(kb[layer][seg], k.astype(kvdt), (0, i - lo, 0, 0))
+      vl = jax.lax.dynamic_update_slice(vb[layer][seg], v.astype(kvdt), (0, i - lo, 0, 0))
+      kb = kb[:layer] + (kb[layer][:seg] + (kl,) + kb[layer][seg + 1:],) + kb[layer + 1:]
+      vb = vb[:layer] + (vb[layer][:seg] + (vl,) + vb[layer][seg + 1:],) + vb[layer + 1:]
+      parts = [(priv_k[layer], priv_v[layer], priv_mask)]
+      parts += [(kb[layer][c], vb[layer][c], jnp.ones((b, 1, sizes[c]), bool)) for c in range(seg)]
+      parts.append((kl, vl, turn_mask))
       if ns > 0:
         parts.append((shared_k[layer], shared_v[layer], shared_tok_mask))
       return attend(q, parts), (kb, vb)
@@ -161,12 +172,15 @@ def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, st
     running = running & ~stop & ~lim
     return i + 1, running, reason, pending, nnew, kbuf, vbuf, toks, lps, free_left
 
-  def cond(carry):
-    return (carry[0] < max_new) & carry[1].any()
-
   carry = (jnp.int32(0), running, reason, state.pending[sl], jnp.zeros((b,), jnp.int32), kbuf, vbuf,
            jnp.full((b, max_new), -1, jnp.int32), jnp.zeros((b, max_new), jnp.float32), state.num_free[0])
-  steps, _, reason, pending, nnew, kbuf, vbuf, toks, lps, _ = jax.lax.while_loop(cond, body, carry)
+  for seg in range(nseg):
+    hi = bounds[seg + 1]
+    carry = jax.lax.while_loop(lambda c, hi=hi: (c[0] < hi) & c[1].any(),
+                               functools.partial(body, seg), carry)
+  steps, _, reason, pending, nnew, kbuf, vbuf, toks, lps, _ = carry
+  kbuf = [jnp.concatenate(x, axis=1) if nseg > 1 else x[0] for x in kbuf]
+  vbuf = [jnp.concatenate(x, axis=1) if nseg > 1 else x[0] for x in vbuf]
 
   # Allocate the pages the turn filled (reserved above, so always available) and store its KV.
   have = C.cdiv(start, ps)
