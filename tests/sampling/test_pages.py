@@ -111,3 +111,16 @@ def test_new_weights_need_a_reset_that_empties_the_cache(model):
   d.prefill({0: [1, 2, 3, 4, 5]})
   _, res = d.decode([0])
   check_greedy(new_model, *res[0])
+
+
+def test_bad_arguments_name_the_field(model):
+  with pytest.raises(ValueError, match="kv_dtype"):
+    sampling.init_cache(model, max_seqs=2, num_pages=4, max_pages_per_seq=2, kv_dtype="int8")
+  with pytest.raises(ValueError, match="num_pages"):
+    sampling.init_cache(model, max_seqs=2, num_pages=0, max_pages_per_seq=2)
+  d = Driver(model)
+  for kw, field in [(dict(top_p=0.0), "top_p"), (dict(attention="flash"), "attention"), (dict(top_k=-1), "top_k")]:
+    with pytest.raises(ValueError, match=field):
+      d.decode([0], **kw)
+  with pytest.raises(ValueError, match="tokens"):
+    sampling.prefill(d.cache, np.zeros(2, np.int32), np.zeros((3, 4), np.int32), np.ones(2, np.int32))

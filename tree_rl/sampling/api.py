@@ -303,6 +303,12 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
   mp = cache.spec.max_pages_per_seq
   if attention not in ("auto", "reference", "cascade"):
     raise ValueError(f"attention must be auto | reference | cascade, got {attention!r}")
+  if int(max_new) < 1:
+    raise ValueError(f"max_new must be >= 1, got {max_new}")
+  if not 0.0 < float(top_p) <= 1.0:
+    raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+  if int(top_k) < 0:
+    raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
   if attention == "reference":
     shared_pages, window_pages = 0, mp
   elif shared_pages is None or window_pages is None:
