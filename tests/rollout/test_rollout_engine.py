@@ -227,3 +227,17 @@ def test_no_sharing_baseline_gives_the_same_tree_and_re_encodes_prefixes():
   assert (np.asarray(out.budget.reused) == 0).all()
   np.testing.assert_array_equal(np.asarray(out.budget.prefilled),
                                 np.asarray(shared.budget.prefilled) + np.asarray(shared.budget.reused))
+
+
+def test_engine_steps_trace_once_per_shape():
+  import chex
+  env, model, _, states, box = setup()
+  eng = Engine(env, TOK, max_turns=3, max_tokens_per_turn=6, attention="reference",
+               row_buckets="full")
+  chex.clear_trace_counter()
+  eng._commit_jit = jax.jit(chex.assert_max_traces(eng._commit, n=1), donate_argnums=(0, 1))
+  eng._plan_jit = jax.jit(chex.assert_max_traces(eng._plan, n=1), static_argnums=(2,))
+  policy = methods.get("chain")(rollout_config().rollout)
+  for seed in range(2):   # 3 turns x 2 rollouts, one trace each
+    out, box[0] = run(eng, policy, box[0], states, jax.random.key(seed), capacity=CAPACITY)
+  assert int(out.tree.size.sum()) > P

@@ -332,6 +332,9 @@ class Engine:
     k_env = jax.random.fold_in(key, 1)
     tree, budget, obs, obs_len, need_obs, ended = self._commit_jit(
         rs.tree, rs.budget, plan, out.tokens, out.logprobs, out.lengths, k_env)
+    # Prefill only as wide as the longest observation (power-of-two buckets: few shapes).
+    longest = int(jnp.max(obs_len))
+    obs = obs[:, :min(obs.shape[1], max(16, 1 << max(0, (longest - 1).bit_length())))]
     cache, pre = sampling.prefill(rs.cache, child_slots, obs, jnp.maximum(obs_len, 1), need_obs)
     self._check("prefill", pre.status, child_slots, need_obs)
     budget = self._charge_jit(budget, wp, pre.computed, need_obs & (pre.status == sampling.OK))

@@ -422,7 +422,14 @@ def from_config(config, *, env=None, tokenizer=None, policy_model=None, judge_mo
     sc.name = name
   res = dict(env=env, env_params=getattr(env, "default_params", None), tokenizer=tokenizer)
   if sc.name == "judge":
+    if sc.judge_model not in ("policy", "hf"):
+      raise ValueError(f"config.scorer.judge_model={sc.judge_model!r}; known: policy, hf")
     model = policy_model if sc.judge_model == "policy" else judge_model
+    if model is None and sc.judge_model == "hf":
+      if not sc.judge_hf_path:
+        raise ValueError("config.scorer.judge_hf_path must name a local checkpoint when judge_model=hf")
+      from tree_rl.models.hf_io import load_hf_checkpoint
+      model, _ = load_hf_checkpoint(sc.judge_hf_path)   # must share the policy's tokenizer
     if model is None:
       raise ValueError("scorer 'judge' needs a judge model (config.scorer.judge_model)")
     tmpl = sc.judge_template or DEFAULT_JUDGE_TEMPLATE
