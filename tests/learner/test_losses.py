@@ -8,6 +8,7 @@ from flax import nnx
 
 from tree_rl.learner import batches, losses, synthetic
 from tree_rl.learner.logprobs import sequence_logprobs
+from tree_rl.learner.tree_attention import block_visibility, tree_block_attention
 from tree_rl.models import Transformer
 from tree_rl.models.config import tiny
 
@@ -168,13 +169,18 @@ def test_attention_implementations_agree_on_a_packed_batch():
   rng = np.random.default_rng(5)
   model = Transformer(tiny(vocab), rngs=nnx.Rngs(1))
   trees = [synthetic.random_tree(rng, 5, vocab) for _ in range(3)]
-  pb = batches.pack_trees(trees, seq_len=48, max_nodes=16)
+  pb = batches.pack_trees(trees, seq_len=48, max_nodes=16, block=8)
+  assert pb.kv_blocks.shape[2] < 6, "the block lists should skip blocks of other branches"
   mask = batches.packed_attention_mask(pb.node_ids, pb.ancestors)
   kw = dict(positions=pb.positions, pred_index=pb.pred_index, attention_mask=mask)
   ein = sequence_logprobs(model, pb.tokens, attention="einsum", **kw)[0]
   xla = sequence_logprobs(model, pb.tokens, attention="xla", **kw)[0]
   chunked = sequence_logprobs(model, pb.tokens, attention="einsum", logits_chunk=7, **kw)[0]
+  kpos, visible = block_visibility(pb.node_ids, pb.ancestors, pb.kv_blocks)
+  block = lambda i, q, k, v, s: (tree_block_attention(q, k, v, kpos, visible), s)
+  sparse = sequence_logprobs(model, pb.tokens, attend=block, **kw)[0]
   real = pb.node_ids >= 0
+  np.testing.assert_allclose(np.asarray(sparse)[real], np.asarray(ein)[real], atol=1e-5)
   np.testing.assert_allclose(np.asarray(xla)[real], np.asarray(ein)[real], atol=1e-5)
   np.testing.assert_allclose(np.asarray(chunked)[real], np.asarray(ein)[real], atol=1e-5)
   lb = batches.leaf_batch(trees, seq_len=32)
@@ -182,3 +188,25 @@ def test_attention_implementations_agree_on_a_packed_batch():
   causal_ein = sequence_logprobs(model, lb.tokens, attention="einsum", remat="full")[0]
   np.testing.assert_allclose(np.asarray(causal_xla)[:, 1:], np.asarray(causal_ein)[:, 1:],
                              atol=1e-5)
+
+
+def test_merging_shared_prompts_keeps_the_loss_and_packs_fewer_tokens():
+  vocab = 64
+  rng = np.random.default_rng(2)
+  trees = [synthetic.tree_grpo_tree(rng, steps=3, prompt=6, action=3, obs=2, vocab=vocab,
+                                    group_id=g) for g in range(2) for _ in range(2)]
+  merged = batches.merge_shared_roots(trees)
+  assert len(merged) == 2
+  assert sum(len(t.tokens) for t in merged) == sum(len(t.tokens) for t in trees) - 2 * 6
+  assert sum(len(t.leaves()) for t in merged) == sum(len(t.leaves()) for t in trees)
+  model = Transformer(tiny(vocab), rngs=nnx.Rngs(1))
+  for mode in ("traj_mean_group_mean", "token_mean"):
+    out = []
+    for share in (False, True):
+      pb = batches.pack_trees(trees, seq_len=128, max_nodes=64, aggregation=mode,
+                              share_prompts=share)
+      logp = _model_logp(model, pb)
+      out.append(losses.weighted_policy_loss(logp, pb.old_logp, pb.pos_weight, pb.neg_weight,
+                                             pb.weight, ref_logp=pb.ref_logp, kl_coef=0.1,
+                                             **CLIP)[0])
+    np.testing.assert_allclose(float(out[1]), float(out[0]), rtol=1e-5)

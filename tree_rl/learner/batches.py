@@ -24,6 +24,8 @@ Two device formats, both `flax.struct` dataclasses of arrays (jax pytrees):
   neg_weight  f32   [B, T]     sum over valid leaves below the token with A < 0 of w_leaf * |A|
   weight      f32   [B, T]     sum over valid leaves below the token of w_leaf (KL/entropy weight)
   loss_mask   bool  [B, T]
+  kv_blocks   int32 [B, T // block, A]  key blocks each query block may see (-1 pads), for the
+                               block-sparse tree attention (`tree_attention`)
 w_leaf is the aggregation's per-token weight of that leaf (`losses.leaf_token_weights`), so the
 packed loss is exactly the per-leaf loss; see `losses`.
 
@@ -41,6 +43,7 @@ import numpy as np
 from flax import struct
 
 from tree_rl.learner.losses import check_aggregation
+from tree_rl.learner.tree_attention import kv_block_lists
 
 
 @struct.dataclass
@@ -66,6 +69,7 @@ class PackedBatch:
   neg_weight: jax.Array
   weight: jax.Array
   loss_mask: jax.Array
+  kv_blocks: jax.Array
 
 
 @dataclasses.dataclass
@@ -176,6 +180,41 @@ def leaf_batch(trees: list[Tree], seq_len: int, rows: int | None = None) -> Leaf
                    group_ids=gid)
 
 
+def merge_shared_roots(trees: list[Tree]) -> list[Tree]:
+  """Merge trees of one group whose roots are the same prompt (same tokens and log-probs, no
+  loss tokens) into one tree, so the prompt is packed once (Tree-GRPO's M trees per prompt).
+  Training on the result gives the same loss and gradient: the leaves do not change."""
+  out: list[Tree] = []
+  index: dict[tuple, int] = {}
+  for t in trees:
+    root = t.node_slice(0)
+    key = (t.group_id, t.tokens[root].tobytes(), t.old_logp[root].tobytes(),
+           _ref(t)[root].tobytes())
+    if t.loss_mask[root].any() or t.num_nodes == 1 or key not in index:
+      index.setdefault(key, len(out))
+      out.append(t)
+      continue
+    base = out[index[key]]
+    n, length = base.num_nodes, len(base.tokens)
+    keep = np.arange(1, t.num_nodes)
+    parent = np.where(t.parent[keep] == 0, 0, t.parent[keep] - 1 + n)
+    flat = np.concatenate([np.arange(*t.spans[i]) for i in keep]).astype(np.int64)
+    lens = t.spans[keep, 1] - t.spans[keep, 0]
+    ends = length + np.cumsum(lens)
+    spans = np.stack([ends - lens, ends], axis=1)
+    valid = lambda x: (np.asarray(x.leaf_valid, bool) if x.leaf_valid is not None
+                       else np.ones(x.num_nodes, bool))
+    out[index[key]] = Tree(
+        parent=np.concatenate([base.parent, parent]), spans=np.concatenate([base.spans, spans]),
+        tokens=np.concatenate([base.tokens, t.tokens[flat]]),
+        loss_mask=np.concatenate([base.loss_mask, t.loss_mask[flat]]),
+        old_logp=np.concatenate([base.old_logp, t.old_logp[flat]]),
+        ref_logp=np.concatenate([_ref(base), _ref(t)[flat]]),
+        advantages=np.concatenate([base.advantages, t.advantages[keep]]),
+        group_id=base.group_id, leaf_valid=np.concatenate([valid(base), valid(t)[keep]]))
+  return out
+
+
 def _leaf_weights(trees: list[Tree], aggregation: str) -> list[dict[int, float]]:
   """Per tree, {leaf: w_leaf} for the aggregation, matching `losses.leaf_token_weights`."""
   check_aggregation(aggregation)
@@ -204,10 +243,19 @@ def _leaf_weights(trees: list[Tree], aggregation: str) -> list[dict[int, float]]
 
 
 def pack_trees(trees: list[Tree], seq_len: int, max_nodes: int, *, aggregation: str = "traj_mean",
-               rows: int | None = None) -> PackedBatch:
+               rows: int | None = None, block: int | None = None,
+               max_kv_blocks: int | None = None, share_prompts: bool = True) -> PackedBatch:
   """Pack trees (whole trees, first fit, in order) into rows of `seq_len` tokens and at most
   `max_nodes` nodes; `rows` pads to a fixed row count. Weights follow `aggregation` over all the
-  valid leaves given, exactly as `leaf_batch` + `losses.leaf_token_weights` would weigh them."""
+  valid leaves given, exactly as `leaf_batch` + `losses.leaf_token_weights` would weigh them.
+
+  `block` (default: the largest of 32, 16, ... dividing seq_len) is the block size of the
+  block-sparse tree attention and `max_kv_blocks` its fixed key-block width (default: the
+  batch's need; fix it to keep shapes, and so compilations, constant across steps).
+  `share_prompts` packs the common prompt of a group's trees once (`merge_shared_roots`).
+  """
+  if share_prompts:
+    trees = merge_shared_roots(trees)
   leaf_w = _leaf_weights(trees, aggregation)
   placed: list[list[int]] = []
   used: list[tuple[int, int]] = []
@@ -277,9 +325,12 @@ def pack_trees(trees: list[Tree], seq_len: int, max_nodes: int, *, aggregation: 
           anc[r, node_base + node] |= anc[r, node_base + p]
         cursor += k
       node_base += n
+  if block is None:
+    block = next(k for k in (32, 16, 8, 4, 2, 1) if seq_len % k == 0)
+  kv_blocks = kv_block_lists(node_ids, anc, block, max_kv_blocks)
   return PackedBatch(tokens=tokens, positions=positions, pred_index=pred, node_ids=node_ids,
                      ancestors=anc, old_logp=old, ref_logp=ref, pos_weight=pos_w,
-                     neg_weight=neg_w, weight=wt, loss_mask=mask)
+                     neg_weight=neg_w, weight=wt, loss_mask=mask, kv_blocks=kv_blocks)
 
 
 def packed_attention_mask(node_ids: jax.Array, ancestors: jax.Array) -> jax.Array:

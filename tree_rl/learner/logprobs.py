@@ -110,17 +110,18 @@ def target_logprobs(model: Transformer, hidden, targets, *, chunk: int = 0,
 
 def sequence_logprobs(model: Transformer, tokens, *, positions=None, pred_index=None,
                       attention_mask=None, attention="auto", remat="none", logits_chunk=0,
-                      with_entropy=False):
+                      with_entropy=False, attend=None):
   """log p(tokens[b, t] | its context) [B, T] (and entropy [B, T]) aligned with `tokens`.
 
   Without `pred_index` the context is tokens[b, :t] (column 0 gets a meaningless value, which
   the loss mask excludes); with it, the logits at pred_index[b, t] predict tokens[b, t]
-  (tree-packed rows).
+  (tree-packed rows). `attend` overrides the attention built from `attention_mask`/`attention`.
   """
   b, t = tokens.shape
   if positions is None:
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  attend = make_attend(attention, attention_mask)
+  if attend is None:
+    attend = make_attend(attention, attention_mask)
   hidden = hidden_states(model, tokens, positions, attend, remat)
   if pred_index is None:
     prev = jnp.concatenate([hidden[:, :1], hidden[:, :-1]], axis=1)

@@ -11,7 +11,8 @@ import numpy as np
 from tree_rl.learner.batches import Tree
 
 
-def _build(rng, parent, lengths, vocab, loss_first, logp_scale=1.0, group_id=0):
+def _build(rng, parent, lengths, vocab, loss_first, logp_scale=1.0, group_id=0,
+           shared_prompt=False):
   spans, toks, mask = [], [], []
   cursor = 0
   for node, (act, obs) in enumerate(lengths):
@@ -29,11 +30,16 @@ def _build(rng, parent, lengths, vocab, loss_first, logp_scale=1.0, group_id=0):
     loss_mask[0] = False
   n = len(parent)
   adv = rng.normal(size=n).astype(np.float32)
+  old = (-logp_scale * rng.exponential(size=cursor)).astype(np.float32)
+  ref = (-logp_scale * rng.exponential(size=cursor)).astype(np.float32)
+  if shared_prompt:  # the same prompt for every tree of the group
+    k = lengths[0][0] + lengths[0][1]
+    prng = np.random.default_rng(10_000 + group_id)
+    tokens[:k] = prng.integers(1, vocab, k)
+    old[:k] = -logp_scale * prng.exponential(size=k)
+    ref[:k] = -logp_scale * prng.exponential(size=k)
   return Tree(parent=np.asarray(parent), spans=np.asarray(spans), tokens=tokens,
-              loss_mask=loss_mask,
-              old_logp=(-logp_scale * rng.exponential(size=cursor)).astype(np.float32),
-              ref_logp=(-logp_scale * rng.exponential(size=cursor)).astype(np.float32),
-              advantages=adv, group_id=group_id)
+              loss_mask=loss_mask, old_logp=old, ref_logp=ref, advantages=adv, group_id=group_id)
 
 
 def random_tree(rng: np.random.Generator, num_nodes: int, vocab: int, max_len: int = 6,
@@ -47,7 +53,8 @@ def random_tree(rng: np.random.Generator, num_nodes: int, vocab: int, max_len: i
 def tree_grpo_tree(rng, *, steps=4, n=2, l=1, prompt=64, action=32, obs=32, vocab=1000,
                    group_id=0) -> Tree:
   """One Tree-GRPO tree: a chain of `steps` agent steps, then l*n expansions, each from a node
-  picked uniformly among the root and the non-leaf nodes, running to a full episode."""
+  picked uniformly among the root and the non-leaf nodes, running to a full episode. Trees of
+  one group_id share the prompt (root) tokens."""
   parent, depth = [-1], [0]
   def grow(start):
     node = start
@@ -65,7 +72,8 @@ def tree_grpo_tree(rng, *, steps=4, n=2, l=1, prompt=64, action=32, obs=32, voca
         start = parent[start]
       grow(start)
   lengths = [(0, prompt)] + [(action, obs)] * (len(parent) - 1)
-  return _build(rng, parent, lengths, vocab, loss_first=False, group_id=group_id)
+  return _build(rng, parent, lengths, vocab, loss_first=False, group_id=group_id,
+                shared_prompt=True)
 
 
 def patr_tree(rng, *, b0=4, m=2, k=2, rounds=2, prompt=64, action=32, obs=32, vocab=1000,

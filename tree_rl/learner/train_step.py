@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tree_rl.learner import losses, sharding
 from tree_rl.learner.batches import LeafBatch, PackedBatch, packed_attention_mask
 from tree_rl.learner.logprobs import sequence_logprobs
+from tree_rl.learner.tree_attention import block_visibility, tree_block_attention
 
 
 @struct.dataclass
@@ -54,7 +55,8 @@ def _token_arrays(batch, lcfg) -> dict:
   """The loss-side view shared by both formats: tokens and per-token weights."""
   if isinstance(batch, PackedBatch):
     return dict(tokens=batch.tokens, positions=batch.positions, pred_index=batch.pred_index,
-                node_ids=batch.node_ids, ancestors=batch.ancestors, old_logp=batch.old_logp,
+                node_ids=batch.node_ids, ancestors=batch.ancestors, kv_blocks=batch.kv_blocks,
+                old_logp=batch.old_logp,
                 ref_logp=batch.ref_logp, pos=batch.pos_weight, neg=batch.neg_weight,
                 weight=batch.weight)
   if isinstance(batch, LeafBatch):
@@ -130,14 +132,18 @@ class TrainStep:
   def _loss(self, params, mb):
     lcfg = self.config.learner
     model = nnx.merge(self.graphdef, params)
-    mask = None
-    if "node_ids" in mb:
+    mask = attend = None
+    if "node_ids" in mb and lcfg.packed_attention == "block":
+      kpos, visible = block_visibility(mb["node_ids"], mb["ancestors"], mb["kv_blocks"])
+      attend = lambda i, q, k, v, s: (tree_block_attention(q, k, v, kpos, visible), s)
+    elif "node_ids" in mb:
       mask = packed_attention_mask(mb["node_ids"], mb["ancestors"])
     need_entropy = bool(lcfg.log_entropy or lcfg.entropy_coef)
     logp, ent = sequence_logprobs(model, mb["tokens"], positions=mb.get("positions"),
                                   pred_index=mb.get("pred_index"), attention_mask=mask,
                                   attention=lcfg.attention, remat=lcfg.remat,
-                                  logits_chunk=lcfg.logits_chunk, with_entropy=need_entropy)
+                                  logits_chunk=lcfg.logits_chunk, with_entropy=need_entropy,
+                                  attend=attend)
     return losses.weighted_policy_loss(
         logp, mb["old_logp"], mb["pos"], mb["neg"], mb["weight"], ref_logp=mb["ref_logp"],
         entropy=ent if need_entropy else None, clip_low=lcfg.clip_low, clip_high=lcfg.clip_high,
@@ -217,6 +223,8 @@ def validate_config(config) -> None:
     raise ValueError(f"learner.attention={lcfg.attention!r}; known: {logprobs.ATTENTION}")
   if lcfg.remat not in logprobs.REMAT:
     raise ValueError(f"learner.remat={lcfg.remat!r}; known: {logprobs.REMAT}")
+  if lcfg.packed_attention not in ("block", "dense"):
+    raise ValueError(f"learner.packed_attention={lcfg.packed_attention!r}; known: ('block', 'dense')")
   if lcfg.lr_schedule not in ("constant", "cosine"):
     raise ValueError(f"learner.lr_schedule={lcfg.lr_schedule!r}; known: ('constant', 'cosine')")
   if lcfg.microbatches < 1:

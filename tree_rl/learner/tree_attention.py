@@ -1,0 +1,88 @@
+"""Block-sparse attention over a tree-packed row: each query block reads only the key blocks
+that hold its tokens' ancestors, so the cost per token follows its root-to-leaf path length
+instead of the packed row length.
+
+`kv_blocks[b, j]` lists (padded with -1) the key blocks that any query of block j can see; the
+exact token mask (ancestor-or-self node, key not after query) is applied inside the gathered
+blocks. Queries and keys use the same block size T // num_blocks.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def kv_block_lists(node_ids: np.ndarray, ancestors: np.ndarray, block: int,
+                   width: int | None = None) -> np.ndarray:
+  """Host-side [B, T // block, width] key-block lists for packed rows (-1 pads)."""
+  b, t = node_ids.shape
+  if t % block:
+    raise ValueError(f"packed seq_len={t} must be a multiple of the attention block={block}")
+  nb = t // block
+  lists = []
+  for r in range(b):
+    nid = node_ids[r]
+    blocks_of_node: dict[int, set[int]] = {}
+    for pos, n in enumerate(nid):
+      if n >= 0:
+        blocks_of_node.setdefault(int(n), set()).add(pos // block)
+    row = []
+    for j in range(nb):
+      seen = {j}
+      for n in set(int(x) for x in nid[j * block:(j + 1) * block] if x >= 0):
+        for a in np.nonzero(ancestors[r, n])[0]:
+          seen |= {kb for kb in blocks_of_node.get(int(a), ()) if kb <= j}
+      row.append(sorted(seen))
+    lists.append(row)
+  need = max(len(x) for row in lists for x in row)
+  width = need if width is None else width
+  if need > width:
+    raise ValueError(f"a query block sees {need} key blocks > max_kv_blocks={width}")
+  out = np.full((b, nb, width), -1, np.int32)
+  for r, row in enumerate(lists):
+    for j, x in enumerate(row):
+      out[r, j, :len(x)] = x
+  return out
+
+
+def block_visibility(node_ids, ancestors, kv_blocks):
+  """Gather positions kpos [B, NB, S] (S = A * block) and token visibility [B, NB, block, S]
+  of the key slots each query block reads; computed once per batch, shared by every layer."""
+  b, t = node_ids.shape
+  nb, width = kv_blocks.shape[1:]
+  blk = t // nb
+  idx = jnp.maximum(kv_blocks, 0)
+  kpos = (idx[..., None] * blk + jnp.arange(blk)).reshape(b, nb, width * blk)
+  slot_ok = jnp.repeat(kv_blocks >= 0, blk, axis=2)[:, :, None, :]    # [B, NB, 1, S]
+  take = jax.vmap(lambda x, i: x[i])
+  qpos = jnp.arange(t).reshape(1, nb, blk, 1)
+  q_node = node_ids.reshape(b, nb, blk)
+  k_node = take(node_ids, kpos)                                       # [B, NB, S]
+  anc_rows = take(ancestors, jnp.maximum(q_node, 0))                  # [B, NB, blk, M]
+  vis = jnp.take_along_axis(anc_rows, jnp.maximum(k_node, 0)[:, :, None, :], axis=3)
+  causal = kpos[:, :, None, :] <= qpos
+  vis = vis & causal & (k_node >= 0)[:, :, None, :] & (q_node >= 0)[..., None]
+  self_pad = (q_node < 0)[..., None] & (kpos[:, :, None, :] == qpos)
+  return kpos, (vis | self_pad) & slot_ok
+
+
+def tree_block_attention(q, k, v, kpos, visible):
+  """Attention of packed rows over the key slots of `block_visibility`.
+  q [B,T,H,D], k/v [B,T,KV,D]; padding tokens attend to themselves only."""
+  b, t, h, d = q.shape
+  kvh = k.shape[2]
+  nb, blk = visible.shape[1:3]
+  take = jax.vmap(lambda x, i: x[i])
+  kg = take(k, kpos)                                                  # [B, NB, S, KV, D]
+  vg = take(v, kpos)
+  qb = q.reshape(b, nb, blk, kvh, h // kvh, d)
+  scores = jnp.einsum("bntkgd,bnskd->bnkgts", qb, kg, preferred_element_type=jnp.float32)
+  mask = visible[:, :, None, None]                                    # [B, NB, 1, 1, blk, S]
+  scores = jnp.where(mask, scores * (d ** -0.5), -1e30)
+  probs = jax.nn.softmax(scores, axis=-1)
+  probs = jnp.where(mask, probs, 0.0)
+  out = jnp.einsum("bnkgts,bnskd->bntkgd", probs.astype(v.dtype), vg,
+                   preferred_element_type=jnp.float32)
+  return out.reshape(b, t, h, d).astype(q.dtype)
