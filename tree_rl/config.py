@@ -128,6 +128,8 @@ def base_config() -> ml_collections.ConfigDict:
       attention="auto",         # auto (cuDNN flash on GPU for causal rows) | einsum | xla | cudnn
       remat="none",             # none | full | dots: per-layer rematerialisation in the backward
       logits_chunk=0,           # >0: vocabulary projection + log-softmax over chunks of this many tokens
+      packed_attention="block",  # packed rows: block (block-sparse over ancestors) | dense (full mask)
+      attention_block=32,       # packed rows: attention block size (pack_trees' block)
   )
   c.mesh = dict(
       shape=(-1, 1, 1),         # devices along (data, fsdp, tensor); -1 fills the rest
