@@ -177,7 +177,7 @@ def main(_):
               model=_MODEL.value, dtype=_DTYPE.value, rng_impl=_RNG.value or "default", kv_dtype=_KV_DTYPE.value or _DTYPE.value,
               B=_BATCH.value, P=_PROMPT.value, G=_GEN.value, page_size=_PAGE.value,
               turn_segments=_SEGMENTS.value,
-              command=" ".join(sys.argv))
+              command="python -m experiments.bench_sampler " + " ".join(sys.argv[1:]))
   rows = []
   for name in _WORKLOADS.value:
     w = Workload(name, model, key_fn)
