@@ -9,6 +9,7 @@ import pytest
 from tree_rl import envs
 from tree_rl.envs import text as tx
 from tree_rl.envs import toolcall as tc
+from tree_rl.envs import toolcall_reference as ref
 
 KEY = jax.random.key(0)
 
@@ -79,7 +80,7 @@ def test_wrong_answers_score_zero_and_f1_matches_host(env, fns):
                              " " + q.answer.lower() + "! ", ""]))
   states, reward, done, info, _ = _turn(env, fns, states, [f"<answer>{p}</answer>" for p in preds])
   for i, q in enumerate(qs):
-    em, f1 = tc.host_em_f1(preds[i].encode(), q.answer, env.max_words)
+    em, f1 = ref.host_em_f1(preds[i].encode(), q.answer, env.max_words)
     assert reward[i] == float(em) and bool(info["em"][i]) == em
     assert info["f1"][i] == pytest.approx(f1, abs=1e-6)
     assert done[i]
@@ -125,7 +126,7 @@ def test_parse_device_equals_host(tok_name, request):
   kinds = set()
   for i in range(len(texts)):
     reply = tok.decode(ids[i, :lens[i]]).encode("utf-8")[:env.reply_byte_capacity(ids.shape[1])]
-    kind, content = tc.parse_reply_bytes(reply)
+    kind, content = ref.parse_reply_bytes(reply)
     kinds.add(kind)
     assert acts.kind[i] == kind, texts[i]
     words = tc.host_words(content, env.max_words)
@@ -145,7 +146,7 @@ def test_bm25_matches_host(env):
   acts = jax.jit(jax.vmap(env.parse_action))(ids, lens)
   scores = np.asarray(jax.jit(jax.vmap(env.bm25))(acts.words, acts.n_words))
   for i, q in enumerate(queries):
-    want = tc.host_bm25(list(env.kb.facts), q.encode(), env.max_words)
+    want = ref.host_bm25(list(env.kb.facts), q.encode(), env.max_words)
     np.testing.assert_allclose(scores[i], want, rtol=1e-5, atol=1e-5)
 
 
@@ -158,7 +159,7 @@ def test_render_device_equals_host(env, fns, hf_tok):
     states = jax.vmap(e.init_state)(jnp.arange(n))
     toks, tl = jax.jit(jax.vmap(e.initial_prompt_tokens, in_axes=(0, None)))(states, e.default_params)
     for i in range(n):
-      want = tc.initial_prompt_text(e, jax.tree.map(lambda x: x[i], states))
+      want = ref.initial_prompt_text(e, jax.tree.map(lambda x: x[i], states))
       assert e.tokenizer.decode(np.asarray(toks[i, :tl[i]])) == want
       assert list(np.asarray(toks[i, :tl[i]])) == e.tokenizer.encode(want)
     rng = np.random.default_rng(4)
@@ -174,7 +175,7 @@ def test_render_device_equals_host(env, fns, hf_tok):
       for i in range(n):
         s = jax.tree.map(lambda x: x[i], states)
         statuses.add(int(s.status))
-        want = tc.observation_text(e, s, closed)
+        want = ref.observation_text(e, s, closed)
         got = list(np.asarray(toks[i, :tl[i]]))
         assert e.tokenizer.decode(got) == want
         assert got == e.tokenizer.encode(want)
@@ -200,7 +201,7 @@ def test_external_tool_through_io_callback(builtin_tok):
   toks, tl = jax.jit(jax.vmap(e.observation_tokens, in_axes=(0, None, None)))(states, True, e.default_params)
   for i in range(4):
     s = jax.tree.map(lambda x: x[i], states)
-    assert builtin_tok.decode(np.asarray(toks[i, :tl[i]])) == tc.observation_text(e, s, True)
+    assert builtin_tok.decode(np.asarray(toks[i, :tl[i]])) == ref.observation_text(e, s, True)
   assert "Result about Tail founded." in builtin_tok.decode(np.asarray(toks[0, :tl[0]]))
   np.testing.assert_array_equal(np.asarray(states.calls), [1, 0, 1, 0])
   # unbatched under jit too
