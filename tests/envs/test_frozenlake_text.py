@@ -19,8 +19,15 @@ def _random_replies(rng, n):
     return "".join(FRAGMENTS[i] for i in rng.integers(0, len(FRAGMENTS), size=k))
   out = []
   for j in range(n):
-    if j % 2 == 0:
+    if j % 4 == 0:
       out.append(noise(rng.integers(0, 12)))
+      continue
+    if j % 4 == 1:
+      fences = ["```", "```", "````", "``"]
+      body = ["Up", " Down\n", "Left", "right", "Up Down", ""]
+      out.append(noise(rng.integers(0, 3)) + "".join(
+          rng.choice(fences, p=[.4, .4, .1, .1]) + rng.choice(body) for _ in range(rng.integers(1, 4)))
+          + rng.choice(["```", "", "``` ok"]) + noise(rng.integers(0, 2)))
       continue
     words = ["Up", "Down", "Left", "Right", "up", " Left ", "Right\n", ""]
     parts = [words[i] for i in rng.choice(len(words), size=rng.integers(1, 4), p=[.2, .2, .2, .2, .05, .1, .04, .01])]
@@ -37,6 +44,8 @@ ADVERSARIAL = [
     "<answer>Up</answer", "<answer></answer>", "<answer> || </answer>", "<answer>Left |||Up</answer>",
     "<answer><answer>Right</answer>", "</answer><answer>Down</answer>", "<answer>Right ||</answer>",
     "<answer>Up Down</answer>", "Right<|im_end|>", "<think>Up</think><answer>Down</answer>",
+    "```Up```", "```\nLeft\n```", "```Up``` then ```Down```", "```Up``` ```", "````Up````", "```Up", "``Up``",
+    "```up```", "```Up Down```", "```Right```<|im_end|>", "``````", "```Left```` ```Down```",
 ]
 
 
@@ -50,11 +59,11 @@ def _batch(tok, texts, cap):
   return ids, lens
 
 
-@pytest.mark.parametrize("preset", ["rllm", "ragen"])
+@pytest.mark.parametrize("preset,fmt", [("rllm", "last_word"), ("rllm", "fenced"), ("ragen", "answer_tag")])
 @pytest.mark.parametrize("tok_name", ["builtin_tok", "hf_tok"])
-def test_parse_device_equals_host(preset, tok_name, request):
+def test_parse_device_equals_host(preset, fmt, tok_name, request):
   tok = request.getfixturevalue(tok_name)
-  env = fl.FrozenLake(preset, tokenizer=tok, max_reply_tokens=48, max_reply_bytes=96)
+  env = fl.FrozenLake(preset, tokenizer=tok, max_reply_tokens=48, max_reply_bytes=96, action_format=fmt)
   texts = ADVERSARIAL + _random_replies(np.random.default_rng(1), 300)
   ids, lens = _batch(tok, texts, env.max_reply_tokens)
   got = np.asarray(jax.jit(jax.vmap(env.parse_action))(ids, lens))
@@ -73,8 +82,8 @@ def test_parse_random_token_ids(builtin_tok):
   safe = [i for i in range(tok.vocab_size) if i < len(tok._pieces)
           and (isinstance(tok.piece(i), str) or tok.piece(i)[0] < 128)]
   rng = np.random.default_rng(2)
-  for preset in ("rllm", "ragen"):
-    env = fl.FrozenLake(preset, tokenizer=tok, max_reply_tokens=32)
+  for preset, fmt in (("rllm", "last_word"), ("rllm", "fenced"), ("ragen", "answer_tag")):
+    env = fl.FrozenLake(preset, tokenizer=tok, max_reply_tokens=32, action_format=fmt)
     ids = rng.choice(safe, size=(300, 32)).astype(np.int32)
     lens = rng.integers(0, 33, size=300).astype(np.int32)
     got = np.asarray(jax.jit(jax.vmap(env.parse_action))(ids, lens))

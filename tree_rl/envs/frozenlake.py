@@ -309,5 +309,6 @@ def _validate(p, max_size, max_actions, action_format):
     raise ValueError(f"frozenlake max_turns must be >= 1, got {p['max_turns']}")
   if max_actions < 1:
     raise ValueError(f"frozenlake max_actions must be >= 1, got {max_actions}")
-  if action_format not in ("last_word", "answer_tag"):
-    raise ValueError(f"frozenlake action_format must be 'last_word' or 'answer_tag', got {action_format!r}")
+  if action_format not in ("last_word", "fenced", "answer_tag"):
+    raise ValueError("frozenlake action_format must be 'last_word', 'fenced' or 'answer_tag', "
+                     f"got {action_format!r}")

@@ -11,6 +11,8 @@ Action rules (on the reply's UTF-8 bytes, the first `env.reply_byte_capacity(T)`
   * last_word (rLLM preset): the action is the LAST occurrence of one of the words `Left`, `Down`,
     `Right`, `Up` (exact case) that is not part of a longer ASCII-letter word; none -> invalid.
     A reply ending in a fenced block ```Up``` therefore gives Up.
+  * fenced (option, rLLM's own rule): the content of the last complete fenced block (the last
+    match of the regex ```(.*?)```), stripped of ASCII whitespace, must be exactly one action word.
   * answer_tag (RAGEN preset): the leftmost complete `<answer>...</answer>` (regex
     `<answer>(.*?)</answer>`), split on `||`; the first `max_actions` parts are executed in order
     and each, stripped of ASCII whitespace, must be exactly one action word; parts beyond
@@ -42,6 +44,8 @@ _NUMBERS = 100
 def instructions(action_format: str, max_actions: int) -> str:
   if action_format == "last_word":
     return INTRO + "Move with one word: Up, Down, Left or Right. Your last such word is your move.\n\n"
+  if action_format == "fenced":
+    return INTRO + "End your reply with your move in a fenced block: ```Up```, ```Down```, ```Left``` or ```Right```.\n\n"
   return (INTRO + f"Answer with up to {max_actions} moves, e.g. <answer>Left || Up</answer>. "
           "Moves: Up, Down, Left, Right.\n\n")
 
@@ -92,6 +96,7 @@ def observation_text(markup: tx.ChatMarkup, state, params, turn_closed: bool) ->
 
 _WORD_RE = re.compile(rb"(?<![A-Za-z])(Left|Down|Right|Up)(?![A-Za-z])")
 _ANSWER_RE = re.compile(rb"<answer>(.*?)</answer>", re.DOTALL)
+_FENCE_RE = re.compile(rb"```(.*?)```", re.DOTALL)
 
 
 def parse_action_bytes(reply: bytes, action_format: str, max_actions: int) -> list[int]:
@@ -101,6 +106,11 @@ def parse_action_bytes(reply: bytes, action_format: str, max_actions: int) -> li
   if action_format == "last_word":
     found = _WORD_RE.findall(reply)
     out[0] = names.index(found[-1]) if found else fl.INVALID
+    return out
+  if action_format == "fenced":
+    blocks = _FENCE_RE.findall(reply)
+    word = blocks[-1].strip() if blocks else None
+    out[0] = names.index(word) if word in names else fl.INVALID
     return out
   m = _ANSWER_RE.search(reply)
   if not m:
@@ -173,6 +183,8 @@ class FrozenLakeText:
     buf, n = tx.tokens_to_bytes(self.bytes, tokens, length, env.reply_byte_capacity(tokens.shape[-1]))
     if env.action_format == "last_word":
       return self._parse_last_word(buf, n)
+    if env.action_format == "fenced":
+      return self._parse_fenced(buf, n)
     return self._parse_answer(buf, n)
 
   def _word_at(self, buf, n):
@@ -194,6 +206,30 @@ class FrozenLakeText:
     hit = (word >= 0) & before_ok & after_ok
     last = jnp.max(jnp.where(hit, pos, -1))
     action = jnp.where(last >= 0, word[jnp.maximum(last, 0)], fl.INVALID)
+    return jnp.full((self.env.max_actions,), fl.NOOP, jnp.int32).at[0].set(action)
+
+  def _single_word(self, buf, start, end):
+    """The action word that buf[start:end] is, once stripped of whitespace; INVALID otherwise."""
+    size = buf.shape[0]
+    f, l = tx.strip_span(buf, start, end)
+    w = self._word_at(buf, jnp.int32(size))[jnp.clip(f, 0, size - 1)]
+    lens = jnp.array([len(x) for x in fl.ACTION_NAMES], jnp.int32)
+    return jnp.where((w >= 0) & (l - f == lens[jnp.maximum(w, 0)]), w, fl.INVALID)
+
+  def _parse_fenced(self, buf, n):
+    size = buf.shape[0]
+    pos = jnp.arange(size)
+    tick = (buf == ord("`")) & (pos < n)
+    run_start = jax.lax.cummax(jnp.where(tick & ~jnp.concatenate([jnp.zeros((1,), bool), tick[:-1]]),
+                                         pos, 0))
+    # non-overlapping leftmost occurrences of ``` (as a regex scan finds them); pairs (0,1), (2,3), ...
+    fence = tx.match_at(buf, n, b"```") & ((pos - run_start) % 3 == 0)
+    rank = jnp.cumsum(fence) - 1
+    pairs = jnp.sum(fence) // 2
+    close_rank = 2 * pairs - 1
+    open_pos = jnp.min(jnp.where(fence & (rank == close_rank - 1), pos, size))
+    close_pos = jnp.min(jnp.where(fence & (rank == close_rank), pos, size))
+    action = jnp.where(pairs > 0, self._single_word(buf, open_pos + 3, close_pos), fl.INVALID)
     return jnp.full((self.env.max_actions,), fl.NOOP, jnp.int32).at[0].set(action)
 
   def _parse_answer(self, buf, n):
