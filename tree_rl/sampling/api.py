@@ -183,7 +183,7 @@ def _build(kind: str, graphdef, spec: C.CacheSpec, mesh, data_axis: str, statics
     if kind == "plan":
       slots, valid = args
       slots, valid = _localise(slots, valid, spec, mesh, data_axis)
-      return state, D.plan(state, slots, valid)
+      return None, D.plan(state, slots, valid)   # read-only: no state output, no copy
     if kind == "decode":
       slots, valid, key, max_tokens, budget, stop_ids, temperature = args
       slots, valid = _localise(slots, valid, spec, mesh, data_axis)
@@ -195,15 +195,13 @@ def _build(kind: str, graphdef, spec: C.CacheSpec, mesh, data_axis: str, statics
 
   fn = WRAP(kind, local_fn)
   if mesh is not None:
-    state_spec = _state_specs(C.empty_state(spec), data_axis, None)
+    state_spec = _state_specs(jax.eval_shape(lambda: C.empty_state(spec)), data_axis, None)
     state_spec = jax.tree.map(lambda s: P(*[a if a == data_axis else None for a in s]), state_spec)
     rows = P(data_axis)
     arg_specs = {"prefill": (rows, rows, rows, rows), "fork": (rows, rows, rows),
                  "release": (rows, rows), "plan": (rows, rows),
                  "decode": (rows, rows, P(), rows, rows, P(), P())}[kind]
-    out_specs = (state_spec, rows)
-    if kind == "release":
-      out_specs = (state_spec, None)
+    out_specs = {"release": (state_spec, None), "plan": (None, rows)}.get(kind, (state_spec, rows))
     fn = jax.shard_map(fn, mesh=mesh, in_specs=(P(), state_spec) + arg_specs, out_specs=out_specs,
                        axis_names=frozenset({data_axis}), check_vma=False)
   return jax.jit(fn, donate_argnums=(1,) if kind != "plan" else ())
@@ -218,7 +216,7 @@ def _merge(static: _Static, leaves):
 def _call(kind, cache: Cache, *args, statics=()):
   fn = _build(kind, cache.graphdef, cache.spec, cache.mesh, cache.data_axis, tuple(statics))
   state, out = fn(cache.params, cache.state, *args)
-  return cache.replace(state=state), out
+  return (cache if state is None else cache.replace(state=state)), out
 
 
 def _rows(x, dtype, name):
@@ -309,7 +307,9 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
     raise ValueError(f"top_p must be in (0, 1], got {top_p}")
   if int(top_k) < 0:
     raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
-  if attention == "reference":
+  if attention == "reference" or (isinstance(cache.state.lens, jax.core.Tracer)
+                                  and (shared_pages is None or window_pages is None)):
+    # Under an outer jit the cache cannot be inspected: the reference layout is always valid.
     shared_pages, window_pages = 0, mp
   elif shared_pages is None or window_pages is None:
     _, pl = _call("plan", cache, slots, valid)
