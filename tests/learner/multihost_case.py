@@ -6,9 +6,15 @@ from flax import nnx
 from tree_rl.config import base_config
 from tree_rl.learner import batches, synthetic
 from tree_rl.models import Transformer
-from tree_rl.models.config import tiny
+from tree_rl.models.config import ModelConfig
 
 VOCAB = 64
+# Tests compile many small updates: skip LLVM's heavy optimisation (compiles ~2x faster).
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+# One layer keeps compilation short; 4 query / 2 kv heads still exercise tensor sharding.
+MICRO = ModelConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_layers=1,
+                    num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True,
+                    qkv_bias=True)
 STEPS = 2
 
 
@@ -23,7 +29,7 @@ def config(shape):
 
 
 def model():
-  return Transformer(tiny(VOCAB), rngs=nnx.Rngs(0))
+  return Transformer(MICRO, rngs=nnx.Rngs(0))
 
 
 def batch():

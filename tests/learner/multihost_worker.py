@@ -31,7 +31,7 @@ c.mesh.process_id = int(pid)
 maybe_initialize_distributed(c.mesh)
 assert jax.process_count() == int(nproc) and jax.device_count() == int(nproc) * int(local)
 
-step = make_train_step(c, case.model())
+step = make_train_step(c, case.model(), compiler_options=case.FAST_COMPILE)
 state = step.init()
 full = case.batch()
 rows = full.tokens.shape[0] // jax.process_count()

@@ -22,7 +22,8 @@ def free_port() -> int:
 
 def single_process():
   c = case.config(shape=(1, 1, 1))
-  step = make_train_step(c, case.model(), mesh=make_mesh(c.mesh, jax.devices()[:1]))
+  step = make_train_step(c, case.model(), mesh=make_mesh(c.mesh, jax.devices()[:1]),
+                         compiler_options=case.FAST_COMPILE)
   state = step.init()
   for _ in range(case.STEPS):
     state, metrics = step(state, case.batch())

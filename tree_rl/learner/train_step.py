@@ -82,8 +82,9 @@ def _merge_stats(a: dict, b: dict) -> dict:
 class TrainStep:
   """Holds the mesh, shardings and jitted update for one model and config."""
 
-  def __init__(self, config, model: nnx.Module, mesh=None):
+  def __init__(self, config, model: nnx.Module, mesh=None, compiler_options=None):
     self.config = config
+    self.compiler_options = compiler_options
     lcfg = config.learner
     losses.check_aggregation(lcfg.aggregation)
     self.mesh = mesh if mesh is not None else sharding.make_mesh(config.mesh)
@@ -173,10 +174,10 @@ class TrainStep:
         acc_l, acc_s, acc_g = carry
         return (acc_l + l, _merge_stats(acc_s, s), jax.tree.map(jnp.add, acc_g, g)), None
 
-      first = jax.tree.map(lambda a: a[0], split)
-      rest = jax.tree.map(lambda a: a[1:], split)
-      (loss, stats), grads = grad_fn(state.params, first)
-      (loss, stats, grads), _ = jax.lax.scan(body, (loss, stats, grads), rest)
+      shapes = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda a: a[0], split))
+      (loss, stats), grads = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+      stats = dict(stats, ratio_max=jnp.full((), -jnp.inf), ratio_min=jnp.full((), jnp.inf))
+      (loss, stats, grads), _ = jax.lax.scan(body, (loss, stats, grads), split)
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
@@ -197,7 +198,8 @@ class TrainStep:
     if kind not in self._jitted:
       self._jitted[kind] = jax.jit(
           self._update, in_shardings=(self.state_shardings, self.batch_shardings(batch)),
-          out_shardings=(self.state_shardings, self.replicated), donate_argnums=(0,))
+          out_shardings=(self.state_shardings, self.replicated), donate_argnums=(0,),
+          compiler_options=self.compiler_options)
     return self._jitted[kind](state, batch)
 
 
@@ -243,13 +245,15 @@ def validate_config(config) -> None:
                        f"mesh.axis_names={tuple(config.mesh.axis_names)}")
 
 
-def make_train_step(config, model: nnx.Module, *, mesh=None) -> TrainStep:
+def make_train_step(config, model: nnx.Module, *, mesh=None,
+                    compiler_options: dict | None = None) -> TrainStep:
   """The sharded update for `model` under `config.learner` and `config.mesh`.
 
   The compute dtype is the model's `dtype` (build it with `config.model.dtype`); master weights
   are float32. Multi-host: call `sharding.maybe_initialize_distributed(config.mesh)` before
   creating the model (any JAX computation); it is a no-op when already initialised.
+  `compiler_options` go to XLA for the update (e.g. {"xla_backend_optimization_level": 0}).
   """
   validate_config(config)
   sharding.maybe_initialize_distributed(config.mesh)
-  return TrainStep(config, model, mesh=mesh)
+  return TrainStep(config, model, mesh=mesh, compiler_options=compiler_options)
