@@ -24,7 +24,7 @@ class Driver:
     assert len(rows) <= B
     return np.array(rows + [fill] * (B - len(rows)), np.int32), np.arange(B) < len(rows)
 
-  def prefill(self, chunks):
+  def prefill(self, chunks, **kw):
     """chunks: {slot: token list}."""
     slots, valid = self._pad(chunks)
     toks = np.zeros((B, T), np.int32)
@@ -32,7 +32,7 @@ class Driver:
     for i, c in enumerate(chunks.values()):
       toks[i, :len(c)] = c
       lens[i] = len(c)
-    self.cache, out = sampling.prefill(self.cache, slots, toks, lens, valid)
+    self.cache, out = sampling.prefill(self.cache, slots, toks, lens, valid, **kw)
     status = np.asarray(out.status)
     for i, (s, c) in enumerate(chunks.items()):
       if status[i] == sampling.OK:

@@ -70,11 +70,11 @@ def test_each_operation_traces_once_per_shape(model, monkeypatch):
     d = Driver(model, max_seqs=6, num_pages=40)   # a spec no other test uses
     for rep in range(3):
       base = 3 * (rep % 2)
-      d.prefill({base: [rep + 1, 2, 3, 4, 5][: 2 + rep]})
+      d.prefill({base: [rep + 1, 2, 3, 4, 5][: 2 + rep]}, read_cache=True)
       d.fork([(base, base + 1), (base, base + 2)])
       d.decode([base, base + 1, base + 2], key=rep, temperature=float(rep) / 2,
                attention="cascade", shared_pages=4, window_pages=16)
-      d.prefill({base + 1: [7] * (rep + 1)})
+      d.prefill({base + 1: [7] * (rep + 1)}, read_cache=True)
       d.decode([base + 1], attention="cascade", shared_pages=4, window_pages=16)
       d.release([base, base + 1, base + 2])
     assert int(sampling.pages_in_use(d.cache)[0]) == 0
@@ -124,3 +124,15 @@ def test_bad_arguments_name_the_field(model):
       d.decode([0], **kw)
   with pytest.raises(ValueError, match="tokens"):
     sampling.prefill(d.cache, np.zeros(2, np.int32), np.zeros((3, 4), np.int32), np.ones(2, np.int32))
+
+
+def test_prefill_without_cache_reads_refuses_rows_with_cached_pages(model):
+  d = Driver(model)
+  d.prefill({0: [1, 2, 3, 4, 5, 6]}, read_cache=False)              # fresh: allowed
+  out = d.prefill({0: [7, 8], 1: [9, 10]}, read_cache=False)        # slot 0 has cached pages
+  np.testing.assert_array_equal(np.asarray(out.status)[:2], [sampling.INVALID, sampling.OK])
+  out = d.prefill({0: [7, 8]})                                       # auto: reads the cache
+  assert int(out.status[0]) == sampling.OK
+  _, res = d.decode([0, 1])
+  for prefix, new, lps in res.values():
+    check_greedy(model, prefix, new, lps)

@@ -169,7 +169,7 @@ def _build(kind: str, graphdef, spec: C.CacheSpec, mesh, data_axis: str, statics
       slots, tokens, lengths, valid = args
       slots, valid = _localise(slots, valid, spec, mesh, data_axis)
       model = _merge(graphdef, params)
-      state, logits, status, computed = PF.prefill(model, state, slots, tokens, lengths, valid)
+      state, logits, status, computed = PF.prefill(model, state, slots, tokens, lengths, valid, **st)
       return state, PrefillOutput(logits=logits, status=status, computed=computed)
     if kind == "fork":
       parents, children, valid = args
@@ -232,20 +232,30 @@ def _mask(valid, b):
 
 # ----------------------------------------------------------------------------- public operations
 
-def prefill(cache: Cache, slots, tokens, lengths, valid=None) -> tuple[Cache, PrefillOutput]:
+def prefill(cache: Cache, slots, tokens, lengths, valid=None, *, read_cache: bool | None = None
+            ) -> tuple[Cache, PrefillOutput]:
   """Append tokens[b, :lengths[b]] to slot slots[b]; a row starts a new sequence if its slot is
   empty. slots/lengths [B] int, tokens [B, T] int, valid [B] bool (default all).
 
   Invariant: afterwards the chunk's last token is the slot's pending token (KV not stored) and
   every earlier token has its KV stored, so `decode` starts without recomputing anything.
   Rows with status != OK (see `cache.STATUS_NAMES`) leave their sequence unchanged.
+  read_cache=False skips attention to cached pages (valid when every row starts a new
+  sequence: fresh prompts); None decides on the host from the cache (one small copy).
   """
   slots = _rows(slots, jnp.int32, "slots")
   tokens = jnp.asarray(tokens, jnp.int32)
   if tokens.ndim != 2 or tokens.shape[0] != slots.shape[0]:
     raise ValueError(f"tokens must be [batch={slots.shape[0]}, T], got shape {tokens.shape}")
   lengths = _rows(lengths, jnp.int32, "lengths")
-  return _call("prefill", cache, slots, tokens, lengths, _mask(valid, slots.shape[0]))
+  valid = _mask(valid, slots.shape[0])
+  if read_cache is None:
+    read_cache = True
+    if not isinstance(cache.state.lens, jax.core.Tracer):
+      _, pl = _call("plan", cache, slots, valid)
+      read_cache = bool(np.asarray(jax.device_get(pl)).reshape(-1, 3)[:, 2].max() > 0)
+  statics = (("prefix_pages", None if read_cache else 0),)
+  return _call("prefill", cache, slots, tokens, lengths, valid, statics=statics)
 
 
 def fork(cache: Cache, parents, children, valid=None) -> tuple[Cache, jax.Array]:

@@ -10,21 +10,25 @@ from tree_rl.sampling.attention import attend, gather_pages
 
 
 def prefill(model, state: C.CacheState, slots: jax.Array, tokens: jax.Array, lengths: jax.Array,
-            valid: jax.Array) -> tuple[C.CacheState, jax.Array, jax.Array, jax.Array]:
+            valid: jax.Array, prefix_pages: int | None = None) -> tuple[C.CacheState, jax.Array, jax.Array, jax.Array]:
   """Append tokens[b, :lengths[b]] to the sequence in slot slots[b] (a new one if it is empty).
 
   The slot's pending token (if any) and all but the chunk's last token get their KV stored;
   the chunk's last token becomes the new pending token. Returns
   (state, logits [B, V] float32 of each chunk's last token, status [B], computed [B] = tokens
   run through the model). A row whose status is not OK leaves the cache unchanged.
+  prefix_pages (static, default max_pages_per_seq) is how many cached pages per row attention
+  reads; a row with more cached pages than that is refused (INVALID). 0 skips the cache.
   """
   ps, s = state.k.shape[2], state.lens.shape[0]
   b, t = tokens.shape
   mp = state.page_table.shape[1]
+  wp = mp if prefix_pages is None else min(prefix_pages, mp)
   ok = C.first_occurrence(slots, valid, s) & (lengths > 0) & (lengths <= t)
   sl = jnp.clip(slots, 0, s - 1)
   has_pending = state.live[sl]
   start = jnp.where(has_pending, state.lens[sl], 0)
+  ok = ok & (C.cdiv(start, ps) <= wp)
   # Effective chunk: [pending, tokens...] for live slots, tokens for new ones. Width t + 1.
   cat = jnp.concatenate([state.pending[sl][:, None], tokens], axis=1)
   shift = jnp.where(has_pending, 0, 1)
@@ -50,13 +54,16 @@ def prefill(model, state: C.CacheState, slots: jax.Array, tokens: jax.Array, len
   positions = start[:, None] + jnp.arange(t + 1)[None, :]
   j = jnp.arange(t + 1)
   chunk_mask = (j[None, None, :] <= j[None, :, None]) & (j[None, None, :] < eff_len[:, None, None])
-  prefix_pos = jnp.arange(mp * ps)
-  prefix_mask = jnp.broadcast_to((prefix_pos[None, :] < start[:, None])[:, None, :], (b, t + 1, mp * ps))
+  prefix_pos = jnp.arange(wp * ps)
+  prefix_mask = jnp.broadcast_to((prefix_pos[None, :] < start[:, None])[:, None, :], (b, t + 1, wp * ps))
 
   def attend_fn(layer, q, k, v, kvs):
-    pk = gather_pages(state.k[layer], rows_table)
-    pv = gather_pages(state.v[layer], rows_table)
-    out = attend(q, [(pk, pv, prefix_mask), (k, v, chunk_mask)])
+    parts = [(k, v, chunk_mask)]
+    if wp > 0:
+      pk = gather_pages(state.k[layer], rows_table[:, :wp])
+      pv = gather_pages(state.v[layer], rows_table[:, :wp])
+      parts.append((pk, pv, prefix_mask))
+    out = attend(q, parts)
     return out, kvs + ((k, v),)
 
   hidden, kvs = model.forward(eff, positions, attend_fn, ())
