@@ -6,8 +6,8 @@ import pytest
 from tree_rl import sampling
 from tree_rl.sampling import stop_reasons as R
 
-from conftest import check_greedy, check_invariants, dense_logprobs
-from harness import MAX_NEW, Driver
+from sampling_helpers import check_greedy, check_invariants, dense_logprobs
+from sampling_harness import MAX_NEW, Driver
 
 ATTN = ["reference", "cascade"]
 

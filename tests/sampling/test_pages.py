@@ -10,8 +10,8 @@ from tree_rl import sampling
 from tree_rl.sampling import api
 from tree_rl.sampling import stop_reasons as R
 
-from conftest import check_greedy, check_invariants
-from harness import MAX_NEW, Driver
+from sampling_helpers import check_greedy, check_invariants
+from sampling_harness import MAX_NEW, Driver
 
 
 def test_tree_workload_page_bound(model):
@@ -97,7 +97,7 @@ def test_too_small_explicit_window_refuses_the_row(model):
 
 
 def test_new_weights_need_a_reset_that_empties_the_cache(model):
-  from conftest import make_model
+  from sampling_helpers import make_model
   d = Driver(model)
   d.prefill({0: [1, 2, 3, 4, 5]})
   old_version = d.cache.params_version

@@ -4,8 +4,8 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from tree_rl import sampling
 
-from conftest import check_greedy, check_invariants, make_model
-from harness import B, T, Driver
+from sampling_helpers import check_greedy, check_invariants, make_model
+from sampling_harness import B, T, Driver
 
 SLOTS = 6
 PAGES = 12

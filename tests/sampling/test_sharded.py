@@ -6,7 +6,7 @@ from jax.sharding import Mesh
 
 from tree_rl import sampling
 
-from conftest import check_invariants
+from sampling_helpers import check_invariants
 
 ROWS = 8
 
