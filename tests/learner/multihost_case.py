@@ -16,6 +16,7 @@ MICRO = ModelConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num
                     num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True,
                     qkv_bias=True)
 STEPS = 2
+AGGREGATION = "traj_mean_group_mean"
 
 
 def config(shape):
@@ -23,7 +24,7 @@ def config(shape):
   c.learner.learning_rate = 1e-3
   c.learner.adam_eps = 1e-3   # see test_train_step.config
   c.learner.kl_coef = 0.05
-  c.learner.aggregation = "traj_mean"
+  c.learner.aggregation = AGGREGATION
   c.mesh.shape = shape
   return c
 
@@ -32,8 +33,16 @@ def model():
   return Transformer(MICRO, rngs=nnx.Rngs(0))
 
 
-def batch():
+def trees():
   rng = np.random.default_rng(7)
-  trees = [synthetic.random_tree(rng, int(rng.integers(1, 6)), VOCAB, group_id=g // 2)
-           for g in range(8)]
-  return batches.pack_trees(trees, seq_len=40, max_nodes=12, rows=8)
+  return [synthetic.random_tree(rng, int(rng.integers(1, 6)), VOCAB, group_id=g // 2)
+          for g in range(8)]
+
+
+def batch(subset=None, rows=8, totals=None):
+  """Packed rows of all trees, or of `subset` (indices) normalised by the batch `totals`."""
+  ts = trees()
+  if subset is not None:
+    ts = [ts[i] for i in subset]
+  return batches.pack_trees(ts, seq_len=40, max_nodes=12, rows=rows, totals=totals,
+                            aggregation=AGGREGATION)

@@ -18,7 +18,7 @@ jax.config.update("jax_default_matmul_precision", "highest")
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
-from tree_rl.learner import maybe_initialize_distributed, make_train_step  # noqa: E402
+from tree_rl.learner import batches, maybe_initialize_distributed, make_train_step  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 import multihost_case as case  # noqa: E402
@@ -33,10 +33,11 @@ assert jax.process_count() == int(nproc) and jax.device_count() == int(nproc) * 
 
 step = make_train_step(c, case.model(), compiler_options=case.FAST_COMPILE)
 state = step.init()
-full = case.batch()
-rows = full.tokens.shape[0] // jax.process_count()
-mine = jax.tree.map(lambda a: a[jax.process_index() * rows:(jax.process_index() + 1) * rows], full)
-batch = step.shard_batch(mine)
+# Each process packs its own trees (whole groups), normalised by the totals of the whole batch.
+per = len(case.trees()) // jax.process_count()
+mine = list(range(jax.process_index() * per, (jax.process_index() + 1) * per))
+totals = batches.global_totals([case.trees()[i] for i in mine])
+batch = step.shard_batch(case.batch(mine, rows=4, totals=totals))
 for _ in range(case.STEPS):
   state, metrics = step(state, batch)
 params = multihost_utils.process_allgather(state.params, tiled=True)

@@ -215,17 +215,51 @@ def merge_shared_roots(trees: list[Tree]) -> list[Tree]:
   return out
 
 
-def _leaf_weights(trees: list[Tree], aggregation: str) -> list[dict[int, float]]:
+@dataclasses.dataclass(frozen=True)
+class BatchTotals:
+  """Batch-wide counts the aggregations normalise by: valid leaves, their loss tokens (summed
+  per leaf), and groups with a valid leaf. With several hosts, pack each host's trees with the
+  totals of the whole batch (`global_totals`), so every host weighs its leaves the same way."""
+
+  num_leaves: float
+  num_tokens: float
+  num_groups: float
+
+
+def _valid_lengths(trees: list[Tree]) -> list[dict[int, float]]:
+  lengths = [{int(l): float(t.loss_mask[t.path_tokens(l)].sum()) for l in t.leaves()}
+             for t in trees]
+  return [{l: n for l, n in d.items() if n > 0} for d in lengths]
+
+
+def batch_totals(trees: list[Tree]) -> BatchTotals:
+  """This process's totals (groups must not straddle processes)."""
+  valid = _valid_lengths(trees)
+  groups = {t.group_id for t, d in zip(trees, valid) if d}
+  return BatchTotals(num_leaves=float(sum(len(d) for d in valid)),
+                     num_tokens=float(sum(sum(d.values()) for d in valid)),
+                     num_groups=float(len(groups)))
+
+
+def global_totals(trees: list[Tree]) -> BatchTotals:
+  """`batch_totals` summed over all processes (a collective: every process must call it)."""
+  from jax.experimental import multihost_utils
+  local = batch_totals(trees)
+  arr = np.array([local.num_leaves, local.num_tokens, local.num_groups], np.float64)
+  total = np.asarray(multihost_utils.process_allgather(arr)).reshape(-1, 3).sum(0)
+  return BatchTotals(*map(float, total))
+
+
+def _leaf_weights(trees: list[Tree], aggregation: str,
+                  totals: BatchTotals | None = None) -> list[dict[int, float]]:
   """Per tree, {leaf: w_leaf} for the aggregation, matching `losses.leaf_token_weights`."""
   check_aggregation(aggregation)
-  lengths = [{int(l): float(t.loss_mask[t.path_tokens(l)].sum()) for l in t.leaves()} for t in trees]
-  valid = [{l: n for l, n in d.items() if n > 0} for d in lengths]
-  total_tokens = sum(sum(d.values()) for d in valid)
-  num_valid = sum(len(d) for d in valid)
+  valid = _valid_lengths(trees)
+  totals = totals or batch_totals(trees)
+  total_tokens, num_valid, num_groups = totals.num_tokens, totals.num_leaves, totals.num_groups
   group_size: dict[int, int] = {}
   for t, d in zip(trees, valid):
     group_size[t.group_id] = group_size.get(t.group_id, 0) + len(d)
-  num_groups = sum(1 for s in group_size.values() if s > 0)
   out = []
   for t, d in zip(trees, valid):
     w = {}
@@ -244,7 +278,8 @@ def _leaf_weights(trees: list[Tree], aggregation: str) -> list[dict[int, float]]
 
 def pack_trees(trees: list[Tree], seq_len: int, max_nodes: int, *, aggregation: str = "traj_mean",
                rows: int | None = None, block: int | None = None,
-               max_kv_blocks: int | None = None, share_prompts: bool = True) -> PackedBatch:
+               max_kv_blocks: int | None = None, share_prompts: bool = True,
+               totals: BatchTotals | None = None) -> PackedBatch:
   """Pack trees (whole trees, first fit, in order) into rows of `seq_len` tokens and at most
   `max_nodes` nodes; `rows` pads to a fixed row count. Weights follow `aggregation` over all the
   valid leaves given, exactly as `leaf_batch` + `losses.leaf_token_weights` would weigh them.
@@ -253,10 +288,12 @@ def pack_trees(trees: list[Tree], seq_len: int, max_nodes: int, *, aggregation: 
   block-sparse tree attention and `max_kv_blocks` its fixed key-block width (default: the
   batch's need; fix it to keep shapes, and so compilations, constant across steps).
   `share_prompts` packs the common prompt of a group's trees once (`merge_shared_roots`).
+  `totals` (default: these trees' `batch_totals`) sets the normalisers; pass `global_totals`
+  when each host packs its own share of the batch.
   """
   if share_prompts:
     trees = merge_shared_roots(trees)
-  leaf_w = _leaf_weights(trees, aggregation)
+  leaf_w = _leaf_weights(trees, aggregation, totals)
   placed: list[list[int]] = []
   used: list[tuple[int, int]] = []
   for i, t in enumerate(trees):
