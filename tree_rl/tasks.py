@@ -1,0 +1,100 @@
+"""Task sets: the environments and the fixed train/test initial states of an experiment.
+
+Initial states come from the TFDS datasets in `tree_rl.data` (prepared once into
+`config.env.data_dir`, array_record files), so evaluations use the same held-out tasks across
+runs and machines. `register(env_name)` adds the task set of a new environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from tree_rl import envs
+
+
+@dataclasses.dataclass
+class TaskSet:
+  train_env: Any
+  test_env: Any
+  train_states: Any     # batched initial env states [N_train, ...]
+  test_states: Any      # batched initial env states [N_test, ...]
+
+  @property
+  def num_train(self) -> int:
+    return jax.tree.leaves(self.train_states)[0].shape[0]
+
+  @property
+  def num_test(self) -> int:
+    return jax.tree.leaves(self.test_states)[0].shape[0]
+
+
+_BUILDERS: dict[str, Callable] = {}
+
+
+def register(env_name: str):
+  """Decorator: `fn(config, tokenizer, data_dir) -> TaskSet` for `config.env.name == env_name`."""
+  def deco(fn):
+    _BUILDERS[env_name] = fn
+    return fn
+  return deco
+
+
+def data_dir(config) -> str:
+  return config.env.data_dir or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
+
+
+def build(config, tokenizer) -> TaskSet:
+  import tensorflow_datasets as tfds
+  tfds.disable_progress_bar()
+  name = config.env.name
+  if name not in _BUILDERS:
+    raise KeyError(f"no task set for env {name!r} (config.env.name); known: {sorted(_BUILDERS)}")
+  return _BUILDERS[name](config, tokenizer, data_dir(config))
+
+
+def _env_kwargs(config) -> dict:
+  return dict(max_reply_tokens=int(config.rollout.max_tokens_per_turn))
+
+
+@register("frozenlake")
+def frozenlake_tasks(config, tokenizer, directory) -> TaskSet:
+  from tree_rl.data import FrozenLakeMaps, FrozenLakeMapsConfig, load_frozenlake_maps
+
+  env = envs.from_config(config.env, tokenizer, **_env_kwargs(config))
+  t = config.train
+  preset = config.env.preset
+  sizes = FrozenLakeMapsConfig(name=preset, preset=preset, seed=int(config.env.data_seed))
+  num_train = int(t.num_train_tasks) or sizes.num_train
+  num_test = int(t.num_test_tasks) or sizes.num_test
+  name = preset if (num_train, num_test, sizes.seed) == (10_000, 100, 42) else (
+      f"{preset}_{num_train}_{num_test}_seed{sizes.seed}")
+  maps = FrozenLakeMapsConfig(name=name, preset=preset, num_train=num_train, num_test=num_test,
+                              seed=sizes.seed)
+  FrozenLakeMaps(data_dir=directory, config=maps).download_and_prepare(file_format="array_record")
+  load = lambda split: load_frozenlake_maps(directory, split, env, config=name)
+  return TaskSet(env, env, load("train"), load("test"))
+
+
+@register("toolcall")
+def toolcall_tasks(config, tokenizer, directory) -> TaskSet:
+  from tree_rl.data import ToolcallQa, ToolcallQaConfig, load_kb
+
+  name = f"seed{int(config.env.data_seed)}"
+  ToolcallQa(data_dir=directory, config=ToolcallQaConfig(name=name, seed=int(config.env.data_seed))
+             ).download_and_prepare(file_format="array_record")
+  kb = load_kb(directory, config=name)
+  e = config.env
+  make = lambda split: envs.make("toolcall", tokenizer=tokenizer, split=split, kb=kb, preset=e.preset,
+                                 max_turns=int(e.max_turns), top_k=int(e.top_k),
+                                 max_calls=int(e.max_calls), **_env_kwargs(config))
+  train_env, test_env = make("train"), make("test")
+  states = lambda env, n: jax.vmap(env.init_state)(jnp.arange(n, dtype=jnp.int32))
+  n_train, n_test = int(config.train.num_train_tasks), int(config.train.num_test_tasks)
+  return TaskSet(train_env, test_env,
+                 states(train_env, min(n_train or train_env.num_questions, train_env.num_questions)),
+                 states(test_env, min(n_test or test_env.num_questions, test_env.num_questions)))
