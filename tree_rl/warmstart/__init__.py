@@ -10,3 +10,5 @@ from tree_rl.warmstart.experts import Expert, make_expert, register_expert, regi
 from tree_rl.warmstart import frozenlake_expert as _frozenlake_expert  # noqa: F401 (registers)
 from tree_rl.warmstart import toolcall_expert as _toolcall_expert  # noqa: F401 (registers)
 from tree_rl.warmstart.demos import DemoGenerator, Demos, ReplyTable
+from tree_rl.warmstart.sft import SFTTrainer, make_optimizer, sft_loss, validate, warm_start
+from tree_rl.warmstart.greedy import first_move_accuracy, greedy_replies

@@ -17,18 +17,18 @@ from tree_rl.warmstart.experts import register_expert
 
 
 class ToolCallExpert:
-  """`reply_texts`: every `<search>query</search>` of every hop, then every `<answer>..</answer>`."""
+  """`reply_texts`: every distinct `<search>query</search>` of every hop and `<answer>..</answer>`."""
 
   def __init__(self, env, epsilon: float):
     qs = env.questions
-    texts, search = [], np.full((len(qs), tc.MAX_HOPS), -1, np.int32)
+    rows: dict[str, int] = {}   # one row per distinct text, so a different row is a different reply
+    row = lambda text: rows.setdefault(text, len(rows))
+    search = np.full((len(qs), tc.MAX_HOPS), -1, np.int32)
     for i, q in enumerate(qs):
       for h, query in enumerate(q.queries):
-        search[i, h] = len(texts)
-        texts.append(f"<search>{query}</search>")
-    answer = np.arange(len(qs), dtype=np.int32) + len(texts)
-    texts += [f"<answer>{q.answer}</answer>" for q in qs]
-    self.reply_texts = tuple(texts)
+        search[i, h] = row(f"<search>{query}</search>")
+    answer = np.array([row(f"<answer>{q.answer}</answer>") for q in qs], np.int32)
+    self.reply_texts = tuple(rows)
     self.search_rows, self.answer_rows = search, answer
     self.needed = env.needed
     self.num_questions = len(qs)

@@ -1,0 +1,143 @@
+"""Supervised fine-tuning on demonstrations: masked next-token cross-entropy on reply tokens.
+
+The model is split once (`nnx.split` into graph, Params and the rest); the jitted step takes and
+returns plain pytrees of arrays, donates the parameters and optimizer state, and gathers its
+batch from the on-device demo pool by index.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from tree_rl.learner.logprobs import ATTENTION, sequence_logprobs
+from tree_rl.warmstart.demos import DemoGenerator, Demos
+from tree_rl.warmstart.experts import make_expert
+
+
+def validate(w) -> None:
+  """Check `config.warmstart`; errors name the field."""
+  positive = ("num_demos", "max_len", "steps", "batch_size", "eval_every")
+  for name in positive:
+    if int(w[name]) < 1:
+      raise ValueError(f"warmstart.{name} must be >= 1, got {w[name]}")
+  if not 0.0 <= float(w.epsilon) <= 1.0:
+    raise ValueError(f"warmstart.epsilon must be in [0, 1], got {w.epsilon}")
+  if float(w.learning_rate) <= 0:
+    raise ValueError(f"warmstart.learning_rate must be > 0, got {w.learning_rate}")
+  if int(w.warmup_steps) < 0:
+    raise ValueError(f"warmstart.warmup_steps must be >= 0, got {w.warmup_steps}")
+  if float(w.grad_clip) < 0 or float(w.weight_decay) < 0:
+    raise ValueError(f"warmstart.grad_clip and warmstart.weight_decay must be >= 0, "
+                     f"got {w.grad_clip}, {w.weight_decay}")
+  if w.attention not in ATTENTION:
+    raise ValueError(f"warmstart.attention={w.attention!r}; known: {ATTENTION}")
+
+
+def make_optimizer(w) -> optax.GradientTransformation:
+  """AdamW (decay on matrices) after optional clipping; linear warm-up then cosine to 10%."""
+  lr, steps = float(w.learning_rate), int(w.steps)
+  warm = min(int(w.warmup_steps), steps - 1)
+  schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(warm, 0), max(steps, warm + 1),
+                                                end_value=0.1 * lr)
+  parts = [optax.clip_by_global_norm(float(w.grad_clip))] if float(w.grad_clip) > 0 else []
+  parts.append(optax.adamw(schedule, weight_decay=float(w.weight_decay),
+                           mask=lambda p: jax.tree.map(lambda a: a.ndim >= 2, p)))
+  return optax.chain(*parts)
+
+
+def sft_loss(model, tokens, loss_mask, attention: str = "auto"):
+  """(mean negative log-likelihood of the masked tokens, number of masked tokens)."""
+  logp, _ = sequence_logprobs(model, tokens, attention=attention)
+  n = jnp.sum(loss_mask)
+  return -jnp.sum(logp * loss_mask) / jnp.maximum(n, 1.0), n
+
+
+class SFTTrainer:
+  """Holds the split model and the jitted step `(params, opt_state, tokens, mask, idx)`."""
+
+  def __init__(self, model: nnx.Module, w):
+    self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
+    self.dtypes = jax.tree.map(lambda a: a.dtype, params)
+    self.params = jax.tree.map(_to_master, params)
+    self.tx = make_optimizer(w)
+    self.opt_state = self.tx.init(self.params)
+    self.attention = w.attention
+    self.batch_size = int(w.batch_size)
+    self.step_fn = jax.jit(self._step, donate_argnums=(0, 1))
+
+  def _step(self, params, opt_state, tokens, loss_mask, idx):
+    def loss_fn(p):
+      model = nnx.merge(self.graphdef, p, self.rest)
+      return sft_loss(model, tokens[idx], loss_mask[idx], self.attention)
+
+    (loss, n), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, opt_state = self.tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  def step(self, tokens, loss_mask, idx) -> jax.Array:
+    """One update on rows `idx` of the demo pool; returns the loss (a device scalar)."""
+    self.params, self.opt_state, loss = self.step_fn(self.params, self.opt_state, tokens,
+                                                     loss_mask, idx)
+    return loss
+
+  def params_state(self) -> nnx.State:
+    """The trained Params (an nnx.State) in the model's own parameter dtypes."""
+    return jax.tree.map(lambda a, d: a.astype(d), self.params, self.dtypes)
+
+
+def _to_master(a):
+  return a.astype(jnp.float32) if jnp.issubdtype(a.dtype, jnp.floating) else a
+
+
+def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
+               evaluate: Callable[[nnx.State], float] | None = None
+               ) -> tuple[nnx.State, dict[str, Any]]:
+  """Generate `warmstart.num_demos` expert episodes for `config.env.name` on device, then train
+  for `warmstart.steps` SFT updates (fewer if `evaluate(params) >= warmstart.target_success` at
+  one of the checks every `warmstart.eval_every` steps).
+
+  Returns the trained Params (an nnx.State; `nnx.update(model, params)` loads them) and stats:
+  loss (per step), steps, demo_success / demo_return / demo_tokens / demo_truncated, evals
+  ([(step, success)]), stopped_early, seconds (demo generation, training). The model itself is
+  not changed. With `warmstart.enabled=False` the model's Params come back untouched.
+  """
+  w = config.warmstart
+  validate(w)
+  if not w.enabled:
+    return nnx.state(model, nnx.Param), dict(loss=[], steps=0, evals=[], stopped_early=False)
+  t0 = time.perf_counter()
+  expert = make_expert(config.env.name, env, w.epsilon)
+  gen = DemoGenerator(env, tokenizer, expert, max_len=int(w.max_len),
+                      loss_on_noise=bool(w.loss_on_noise))
+  k_demo, k_train = jax.random.split(key)
+  demos: Demos = gen(k_demo, int(w.num_demos))
+  if float(jnp.sum(demos.loss_mask)) == 0:
+    raise ValueError("the warm-start demos hold no trained reply tokens: raise warmstart.max_len "
+                     f"(={w.max_len}) above the prompt length or lower warmstart.epsilon")
+  t1 = time.perf_counter()
+  trainer = SFTTrainer(model, w)
+  losses, evals, stopped = [], [], False
+  n = int(w.num_demos)
+  step = 0
+  for step in range(1, int(w.steps) + 1):
+    idx = jax.random.randint(jax.random.fold_in(k_train, step), (trainer.batch_size,), 0, n)
+    losses.append(trainer.step(demos.tokens, demos.loss_mask, idx))
+    if evaluate is not None and step % int(w.eval_every) == 0:
+      success = float(evaluate(trainer.params_state()))
+      evals.append((step, success))
+      if success >= float(w.target_success):
+        stopped = True
+        break
+  losses = [float(x) for x in jax.device_get(losses)]
+  stats = dict(loss=losses, steps=step, evals=evals, stopped_early=stopped,
+               demo_success=float(jnp.mean(demos.success)), demo_return=float(jnp.mean(demos.reward)),
+               demo_tokens=float(jnp.mean(demos.length)),
+               demo_truncated=float(jnp.mean(demos.truncated)),
+               seconds=dict(demos=t1 - t0, train=time.perf_counter() - t1))
+  return trainer.params_state(), stats
