@@ -329,15 +329,19 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
       shared_pages = _bucket(min(cand, max_shared_pages), max_shared_pages)
     if window_pages is None:
       window_pages = _bucket(priv if cand <= shared_pages else used, mp) or 1
-  full = lambda x, d: jnp.full((b,), max_new if x is None else x, jnp.int32) if x is None or np.ndim(x) == 0 else _rows(x, jnp.int32, d)  # noqa: E731
+  def per_row(x, name):   # None -> max_new, a scalar -> broadcast, else [B]
+    if x is None or np.ndim(x) == 0:
+      return jnp.full((b,), max_new if x is None else x, jnp.int32)
+    return _rows(x, jnp.int32, name)
+
   statics = (("max_new", int(max_new)), ("top_k", int(top_k)), ("top_p", float(top_p)),
              ("shared_pages", int(shared_pages)), ("window_pages", int(window_pages)),
              ("turn_segments", int(turn_segments)))
   stop = jnp.asarray(list(stop_ids) if not hasattr(stop_ids, "shape") else stop_ids, jnp.int32).reshape(-1)
   if stop.shape[0] == 0:
     stop = jnp.full((1,), -1, jnp.int32)
-  return _call("decode", cache, slots, valid, key, full(max_tokens, "max_tokens"),
-               full(budget, "budget"), stop, jnp.float32(temperature), statics=statics)
+  return _call("decode", cache, slots, valid, key, per_row(max_tokens, "max_tokens"),
+               per_row(budget, "budget"), stop, jnp.float32(temperature), statics=statics)
 
 
 def exhaustion_message(cache: Cache, slots, out: D.DecodeOutput) -> str | None:
