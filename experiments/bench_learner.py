@@ -49,6 +49,7 @@ flags.DEFINE_integer("tree_obs", 64, "tree part: observation tokens per agent st
 flags.DEFINE_integer("tree_steps", 4, "tree part: agent steps per Tree-GRPO episode")
 flags.DEFINE_integer("tree_row", 2048, "tree part: packed row length (several trees per row)")
 flags.DEFINE_integer("tree_block", 32, "tree part: block size of the block-sparse tree attention")
+flags.DEFINE_string("xla_flags", "", "appended to XLA_FLAGS before JAX starts")
 flags.DEFINE_string("out", "", "write all results as a JSON list here")
 
 
@@ -248,6 +249,8 @@ def main(argv):
   results = []
   if FLAGS.peer_script and "dense" in FLAGS.parts:
     run_peer(results)   # before JAX takes the accelerator's memory
+  if FLAGS.xla_flags:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FLAGS.xla_flags).strip()
   import jax
   import jax.numpy as jnp
   print(json.dumps(dict(backend=jax.default_backend(), devices=jax.device_count(),

@@ -109,8 +109,13 @@ class TrainStep:
   def init(self, params: Any = None) -> TrainState:
     """Place float32 master weights (default: the model's) and a fresh optimizer state."""
     params = self._init_params if params is None else params
-    params = jax.tree.map(lambda a, s: _global_array(np.asarray(a, _master(a.dtype)), s),
-                          params, self.param_shardings)
+    if jax.process_count() == 1:  # no host round trip; a copy, as the state gets donated
+      params = jax.tree.map(
+          lambda a, s: jax.device_put(jnp.array(a, dtype=_master(a.dtype), copy=True), s),
+          params, self.param_shardings)
+    else:
+      params = jax.tree.map(lambda a, s: _global_array(np.asarray(a, _master(a.dtype)), s),
+                            params, self.param_shardings)
     opt_state = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)(params)
     zero = lambda: _global_array(np.zeros((), np.int32), self.replicated)
     return TrainState(step=zero(), params=params, opt_state=opt_state, skipped=zero())
