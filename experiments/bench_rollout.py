@@ -1,6 +1,6 @@
 """Rollout benchmark: chain, Tree-GRPO, PATR and Tree-Random on FrozenLake through one engine.
 
-Per method (after one warm-up rollout that compiles): wall-clock, finished trajectories,
+Per method (after warm-up rollouts that compile the shapes they meet): wall-clock, finished trajectories,
 generated and prefilled (computed) tokens per trajectory, tokens reused from shared pages, peak
 KV pages; for every method also the no-sharing baseline (each branch re-encodes its whole prefix,
 as the public Tree-GRPO code does), run for real, with its wall-clock and prefill.
@@ -31,8 +31,12 @@ _TURNS = flags.DEFINE_integer("max_turns", 10, "Agent turns per trajectory.")
 _TOKENS = flags.DEFINE_integer("max_tokens", 16, "New tokens per turn.")
 _METHODS = flags.DEFINE_list("methods", ["chain", "tree_grpo", "patr", "tree_random"], "Methods.")
 _GROUP = flags.DEFINE_integer("group", 4, "chain: trajectories per prompt (Tree-GRPO's chain baseline: 4).")
-_BASELINE = flags.DEFINE_bool("baseline", True, "Also run every method without prefix sharing.")
+_BASELINE = flags.DEFINE_list("baseline_methods", ["tree_grpo"],
+                              "Methods also run without prefix sharing (the re-prefill baseline).")
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed rollouts (different seeds) after the warm-up.")
+_WARMUP = flags.DEFINE_integer("warmup", 1, "Untimed rollouts first (compilation of the shapes seen).")
+_ROWS = flags.DEFINE_enum("row_buckets", "pow2", ["pow2", "full"], "Decode batch: power-of-two buckets or all slots.")
+_OBS_BUCKETS = flags.DEFINE_bool("obs_buckets", True, "Prefill observations only as wide as the longest.")
 _PAGES = flags.DEFINE_integer("num_pages", 4096, "KV pages in the pool.")
 _PAGE = flags.DEFINE_integer("page_size", 16, "Tokens per page.")
 _ATTN = flags.DEFINE_enum("attention", "auto", ["auto", "cascade", "reference"], "Paged attention.")
@@ -81,7 +85,8 @@ def main(_):
   tok = BuiltinTokenizer()
   model = build(tok)
   env = FrozenLake("rllm", tokenizer=tok, max_reply_tokens=_TOKENS.value)
-  maps = jax.random.split(jax.random.key(42), _PROMPTS.value * (1 + _REPEATS.value))
+  reps = _WARMUP.value + _REPEATS.value
+  maps = jax.random.split(jax.random.key(42), _PROMPTS.value * reps)
   states_all, _ = jax.vmap(env.reset)(maps)
   kv = _KV.value or _DTYPE.value
   c = base_config()
@@ -93,22 +98,23 @@ def main(_):
     c.rollout.method = method
     policy = rbuild.make_policy(c)
     scorer = rbuild.make_scorer(c, policy, env=env, tokenizer=tok, policy_model=model)
-    for share in ([True, False] if _BASELINE.value else [True]):
-      engine = rbuild.make_engine(c, env, tok, share_prefix=share)
+    for share in ([True, False] if method in _BASELINE.value else [True]):
+      engine = rbuild.make_engine(c, env, tok, share_prefix=share, row_buckets=_ROWS.value,
+                                  obs_buckets=_OBS_BUCKETS.value)
       layout = Layout(_PROMPTS.value, policy.capacity(engine.max_turns), policy.slots, policy.num_trees)
       key = (layout.capacity, layout.slots)
       if key not in caches:
         caches[key] = engine.new_cache(model, layout, num_pages=_PAGES.value, page_size=_PAGE.value,
                                        kv_dtype=kv)
       walls, stats = [], []
-      for rep in range(1 + _REPEATS.value):
+      for rep in range(reps):
         p = _PROMPTS.value
         states = jax.tree.map(lambda x: x[rep * p:(rep + 1) * p], states_all)
         t0 = time.perf_counter()
         out, caches[key] = run(engine, policy, caches[key], states, jax.random.key(rep),
                                scorer=scorer)
         jax.block_until_ready(out.tree.tokens)
-        if rep:   # rep 0 compiles
+        if rep >= _WARMUP.value:
           walls.append(time.perf_counter() - t0)
           stats.append(out.stats)
       agg = {k: float(np.mean([s[k] for s in stats])) for k in stats[0]}

@@ -70,13 +70,19 @@ class Engine:
   """Drives the sampler and one environment; knows nothing about rollout methods.
 
   env: an `tree_rl.envs` environment with token methods (`initial_prompt_tokens`,
-  `observation_tokens`, `parse_action`); tokenizer: the policy's tokenizer (stop ids).
+  `observation_tokens`, `parse_action`; optional `tool_calls(state)` for tool-call accounting);
+  tokenizer: the policy's tokenizer (stop ids). Sampling: max_tokens_per_turn, temperature,
+  top_k, top_p; attention: the sampler's paged attention (auto | cascade | reference).
+  row_buckets: 'pow2' decodes only the live branches, padded to a power of two (few shapes),
+  'full' always decodes every slot (one shape). obs_buckets: prefill observations only as wide
+  as the longest one (power-of-two buckets). share_prefix=False is the no-sharing baseline: a
+  new branch re-encodes its whole root..parent context instead of forking the parent's pages.
   """
 
   def __init__(self, env, tokenizer, *, max_turns: int, max_tokens_per_turn: int,
                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                env_params=None, attention: str = "auto", row_buckets: str = "pow2",
-               share_prefix: bool = True):
+               share_prefix: bool = True, obs_buckets: bool = True):
     if max_turns < 1:
       raise ValueError(f"config.rollout.max_turns must be >= 1, got {max_turns}")
     if max_tokens_per_turn < 1:
@@ -92,6 +98,7 @@ class Engine:
       raise ValueError(f"row_buckets must be 'pow2' or 'full', got {row_buckets!r}")
     self.row_buckets = row_buckets
     self.share_prefix = bool(share_prefix)
+    self.obs_buckets = bool(obs_buckets)
     self.stop_ids = tuple(tokenizer.stop_ids)
     self.eot = int(tokenizer.end_of_turn_id)
     state, _ = jax.eval_shape(lambda k: env.reset(k, self.env_params), jax.random.key(0))
@@ -309,11 +316,18 @@ class Engine:
     else:  # baseline: a branch re-encodes its whole prefix; a continuation keeps its cache
       cont = valid & ~plan["wfork"]
       cache, st = sampling.fork(rs.cache, par_slots, child_slots, cont)
-      ctx, ctx_len = self._context_jit(rs.tree, wp, plan["wpar"])
-      cache, pre0 = sampling.prefill(cache, child_slots, ctx, jnp.maximum(ctx_len, 1), plan["wfork"])
-      self._check("prefill", pre0.status, child_slots, plan["wfork"])
-      st = jnp.where(cont, st, pre0.status)
-      rs = dataclasses.replace(rs, budget=self._charge_jit(rs.budget, wp, pre0.computed, plan["wfork"]))
+      rows = jnp.arange(wp.shape[0])
+      if self.row_buckets == "pow2":   # re-encode only the forked rows
+        nf = int(jnp.sum(plan["wfork"]))
+        rows = jnp.nonzero(plan["wfork"], size=_bucket(nf, wp.shape[0]), fill_value=0)[0]
+      fk = plan["wfork"][rows] & (jnp.arange(rows.shape[0]) < jnp.sum(plan["wfork"]))
+      if self.row_buckets == "full":
+        fk = plan["wfork"]
+      ctx, ctx_len = self._context_jit(rs.tree, wp[rows], plan["wpar"][rows])
+      cache, pre0 = sampling.prefill(cache, child_slots[rows], ctx, jnp.maximum(ctx_len, 1), fk)
+      self._check("prefill", pre0.status, child_slots[rows], fk)
+      st = jnp.where(cont, st, sampling.OK)   # forked rows were checked as prefills above
+      rs = dataclasses.replace(rs, budget=self._charge_jit(rs.budget, wp[rows], pre0.computed, fk))
     p_idx = jnp.arange(layout.num_prompts)[:, None]
     live = rs.live.at[p_idx, jnp.where(children >= 0, children, layout.capacity)].set(True, mode="drop")
     cache, out = sampling.decode(cache, child_slots, key, max_new=self.max_new,
@@ -333,8 +347,9 @@ class Engine:
     tree, budget, obs, obs_len, need_obs, ended = self._commit_jit(
         rs.tree, rs.budget, plan, out.tokens, out.logprobs, out.lengths, k_env)
     # Prefill only as wide as the longest observation (power-of-two buckets: few shapes).
-    longest = int(jnp.max(obs_len))
-    obs = obs[:, :min(obs.shape[1], max(16, 1 << max(0, (longest - 1).bit_length())))]
+    if self.obs_buckets:
+      longest = int(jnp.max(obs_len))
+      obs = obs[:, :min(obs.shape[1], max(16, 1 << max(0, (longest - 1).bit_length())))]
     cache, pre = sampling.prefill(rs.cache, child_slots, obs, jnp.maximum(obs_len, 1), need_obs)
     self._check("prefill", pre.status, child_slots, need_obs)
     budget = self._charge_jit(budget, wp, pre.computed, need_obs & (pre.status == sampling.OK))
