@@ -142,6 +142,16 @@ def base_config() -> ml_collections.ConfigDict:
       rules=(("batch", ("data", "fsdp")), ("vocab", "tensor"), ("embed", "fsdp"),
              ("mlp", "tensor"), ("heads", "tensor"), ("kv_heads", "tensor"), ("head_dim", None)),
   )
+  c.train = dict(
+      num_steps=100,            # RL steps (rollout -> advantages -> PPO epochs)
+      ppo_epochs=1,             # passes over each step's rollouts
+      minibatches=1,            # updates per epoch (the step's prompts split evenly)
+      eval_every=25,            # evaluate every N RL steps (and before the first, and at the end)
+      eval_prompts=0,           # held-out prompts per evaluation (0 = the whole test split)
+      eval_samples=4,           # sampled episodes per prompt for the sampled success and pass@k
+      num_train_tasks=0,        # train-split size to prepare (0 = the dataset preset's own)
+      num_test_tasks=0,         # test-split size to prepare (0 = the dataset preset's own)
+  )
   c.checkpoint = dict(
       every_steps=50,           # save every N RL steps
       keep=3,                   # last N checkpoints kept (plus the best by eval)
@@ -150,6 +160,22 @@ def base_config() -> ml_collections.ConfigDict:
       every_steps=1,
       tensorboard=True,
       progress_bar=True,
+  )
+  c.warmstart = dict(
+      enabled=True,             # supervised warm start on expert demos before RL (off for a pretrained checkpoint)
+      num_demos=512,            # demonstration episodes generated on device
+      epsilon=0.1,              # expert noise: per-move chance of a random move / distractor reply
+      loss_on_noise=False,      # also train on the noisy replies (else only their context is kept)
+      max_len=512,              # tokens per demo sequence (prompt, replies, observations); longer are cut
+      steps=300,                # SFT updates
+      batch_size=16,            # demo sequences per update
+      learning_rate=3e-3,       # AdamW peak learning rate
+      warmup_steps=20,          # linear warm-up, then cosine decay to 10% of the peak
+      weight_decay=0.0,         # AdamW decoupled weight decay (matrices only)
+      grad_clip=1.0,            # global-norm gradient clipping (0 disables)
+      eval_every=50,            # SFT steps between evaluate(params) calls (when a callback is given)
+      target_success=1.0,       # stop once evaluate(params) >= this (1.0: run all steps)
+      attention="auto",         # learner attention implementation (see learner.attention)
   )
   return c
 
