@@ -7,7 +7,6 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 from flax import nnx
-from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 
@@ -49,9 +48,10 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
   shape = resolve_mesh_shape(mesh_cfg.shape, len(devices))
   if len(names) != len(shape):
     raise ValueError(f"mesh.axis_names={names} and mesh.shape={shape} differ in length")
-  try:
+  try:  # topology-aware device order on TPU/GPU
+    from jax.experimental import mesh_utils
     arr = mesh_utils.create_device_mesh(shape, devices)
-  except Exception:  # non-TPU/GPU topologies: plain order, grouped by process
+  except Exception:  # other topologies: plain order, grouped by process
     arr = np.array(sorted(devices, key=lambda d: (d.process_index, d.id))).reshape(shape)
   return Mesh(arr, names)
 
