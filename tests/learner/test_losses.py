@@ -210,3 +210,33 @@ def test_merging_shared_prompts_keeps_the_loss_and_packs_fewer_tokens():
                                              pb.weight, ref_logp=pb.ref_logp, kl_coef=0.1,
                                              **CLIP)[0])
     np.testing.assert_allclose(float(out[1]), float(out[0]), rtol=1e-5)
+
+
+def test_shared_prompts_merge_only_when_the_row_has_room():
+  rng = np.random.default_rng(4)
+  trees = [synthetic.tree_grpo_tree(rng, steps=2, prompt=6, action=3, obs=2, vocab=64,
+                                    group_id=0) for _ in range(3)]
+  biggest = max(len(t.tokens) for t in trees)
+  # Rows sized for one tree: nothing can merge, packing still succeeds (one tree per row).
+  pb = batches.pack_trees(trees, seq_len=biggest, max_nodes=64, rows=3)
+  assert (pb.node_ids[:, 0] == 0).all()
+  merged = batches.merge_shared_roots(trees, max_tokens=2 * biggest)
+  assert len(merged) == 2 and len(merged[0].tokens) <= 2 * biggest
+  assert len(batches.merge_shared_roots(trees)) == 1
+
+
+def test_kv_block_lists_are_the_blocks_with_visible_keys():
+  rng = np.random.default_rng(6)
+  trees = [synthetic.patr_tree(rng, prompt=8, action=5, obs=3, vocab=64, group_id=g)
+           for g in range(3)]
+  pb = batches.pack_trees(trees, seq_len=512, max_nodes=128, block=8)
+  mask = np.asarray(batches.packed_attention_mask(pb.node_ids, pb.ancestors))
+  b, t = pb.tokens.shape
+  nb = pb.kv_blocks.shape[1]
+  width = pb.kv_blocks.shape[2]
+  assert width & (width - 1) == 0 and width < nb   # a power of two, far below every block
+  for r in range(b):
+    visible = mask[r].reshape(nb, t // nb, nb, t // nb).any(axis=(1, 3))
+    for j in range(nb):
+      got = {int(x) for x in pb.kv_blocks[r, j] if x >= 0}
+      assert set(np.nonzero(visible[j])[0]) <= got <= set(np.nonzero(visible[j])[0]) | {j}

@@ -180,10 +180,12 @@ def leaf_batch(trees: list[Tree], seq_len: int, rows: int | None = None) -> Leaf
                    group_ids=gid)
 
 
-def merge_shared_roots(trees: list[Tree]) -> list[Tree]:
+def merge_shared_roots(trees: list[Tree], max_tokens: int | None = None,
+                       max_nodes: int | None = None) -> list[Tree]:
   """Merge trees of one group whose roots are the same prompt (same tokens and log-probs, no
   loss tokens) into one tree, so the prompt is packed once (Tree-GRPO's M trees per prompt).
-  Training on the result gives the same loss and gradient: the leaves do not change."""
+  Training on the result gives the same loss and gradient: the leaves do not change. A merge
+  that would exceed `max_tokens` tokens or `max_nodes` nodes is not made."""
   out: list[Tree] = []
   index: dict[tuple, int] = {}
   for t in trees:
@@ -196,6 +198,12 @@ def merge_shared_roots(trees: list[Tree]) -> list[Tree]:
       continue
     base = out[index[key]]
     n, length = base.num_nodes, len(base.tokens)
+    root_len = root.stop - root.start
+    if ((max_tokens is not None and length + len(t.tokens) - root_len > max_tokens)
+        or (max_nodes is not None and n + t.num_nodes - 1 > max_nodes)):
+      index[key] = len(out)   # later trees of this prompt merge into this one instead
+      out.append(t)
+      continue
     keep = np.arange(1, t.num_nodes)
     parent = np.where(t.parent[keep] == 0, 0, t.parent[keep] - 1 + n)
     flat = np.concatenate([np.arange(*t.spans[i]) for i in keep]).astype(np.int64)
@@ -286,13 +294,14 @@ def pack_trees(trees: list[Tree], seq_len: int, max_nodes: int, *, aggregation: 
 
   `block` (default: the largest of 32, 16, ... dividing seq_len) is the block size of the
   block-sparse tree attention and `max_kv_blocks` its fixed key-block width (default: the
-  batch's need; fix it to keep shapes, and so compilations, constant across steps).
+  batch's need rounded up to a power of two, at most seq_len // block, so shapes, and
+  compilations, repeat across steps).
   `share_prompts` packs the common prompt of a group's trees once (`merge_shared_roots`).
   `totals` (default: these trees' `batch_totals`) sets the normalisers; pass `global_totals`
   when each host packs its own share of the batch.
   """
   if share_prompts:
-    trees = merge_shared_roots(trees)
+    trees = merge_shared_roots(trees, seq_len, max_nodes)
   leaf_w = _leaf_weights(trees, aggregation, totals)
   placed: list[list[int]] = []
   used: list[tuple[int, int]] = []
@@ -365,6 +374,10 @@ def pack_trees(trees: list[Tree], seq_len: int, max_nodes: int, *, aggregation: 
   if block is None:
     block = next(k for k in (32, 16, 8, 4, 2, 1) if seq_len % k == 0)
   kv_blocks = kv_block_lists(node_ids, anc, block, max_kv_blocks)
+  if max_kv_blocks is None:  # pad the width to a power of two (at most every block)
+    need = kv_blocks.shape[2]
+    width = min(seq_len // block, 1 << max(0, (need - 1).bit_length()))
+    kv_blocks = np.pad(kv_blocks, ((0, 0), (0, 0), (0, width - need)), constant_values=-1)
   return PackedBatch(tokens=tokens, positions=positions, pred_index=pred, node_ids=node_ids,
                      ancestors=anc, old_logp=old, ref_logp=ref, pos_weight=pos_w,
                      neg_weight=neg_w, weight=wt, loss_mask=mask, kv_blocks=kv_blocks)

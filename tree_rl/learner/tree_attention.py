@@ -16,35 +16,28 @@ import numpy as np
 
 def kv_block_lists(node_ids: np.ndarray, ancestors: np.ndarray, block: int,
                    width: int | None = None) -> np.ndarray:
-  """Host-side [B, T // block, width] key-block lists for packed rows (-1 pads)."""
+  """Host-side [B, T // block, width] key-block lists for packed rows (-1 pads); width
+  defaults to the largest need in the batch."""
   b, t = node_ids.shape
   if t % block:
     raise ValueError(f"packed seq_len={t} must be a multiple of the attention block={block}")
-  nb = t // block
-  lists = []
+  nb, m = t // block, ancestors.shape[1]
+  vis_blocks = np.zeros((b, nb, nb), bool)
   for r in range(b):
-    nid = node_ids[r]
-    blocks_of_node: dict[int, set[int]] = {}
-    for pos, n in enumerate(nid):
-      if n >= 0:
-        blocks_of_node.setdefault(int(n), set()).add(pos // block)
-    row = []
-    for j in range(nb):
-      seen = {j}
-      for n in set(int(x) for x in nid[j * block:(j + 1) * block] if x >= 0):
-        for a in np.nonzero(ancestors[r, n])[0]:
-          seen |= {kb for kb in blocks_of_node.get(int(a), ()) if kb <= j}
-      row.append(sorted(seen))
-    lists.append(row)
-  need = max(len(x) for row in lists for x in row)
+    nid = node_ids[r].reshape(nb, block)
+    in_block = np.zeros((nb, m + 1), np.int32)          # column m collects padding
+    np.add.at(in_block, (np.repeat(np.arange(nb), block), np.where(nid >= 0, nid, m).ravel()), 1)
+    in_block = in_block[:, :m] > 0                       # [NB, M]: block j holds node n
+    seen_nodes = (in_block.astype(np.int32) @ ancestors[r].astype(np.int32)) > 0
+    vis = (seen_nodes.astype(np.int32) @ in_block.T.astype(np.int32)) > 0
+    vis_blocks[r] = (vis & np.tri(nb, dtype=bool)) | np.eye(nb, dtype=bool)
+  need = int(vis_blocks.sum(-1).max())
   width = need if width is None else width
   if need > width:
     raise ValueError(f"a query block sees {need} key blocks > max_kv_blocks={width}")
-  out = np.full((b, nb, width), -1, np.int32)
-  for r, row in enumerate(lists):
-    for j, x in enumerate(row):
-      out[r, j, :len(x)] = x
-  return out
+  order = np.argsort(~vis_blocks, axis=-1, kind="stable")[..., :width]   # visible blocks first
+  keep = np.take_along_axis(vis_blocks, order, axis=-1)
+  return np.where(keep, order, -1).astype(np.int32)
 
 
 def block_visibility(node_ids, ancestors, kv_blocks):
