@@ -234,7 +234,7 @@ def test_kv_block_lists_are_the_blocks_with_visible_keys():
   b, t = pb.tokens.shape
   nb = pb.kv_blocks.shape[1]
   width = pb.kv_blocks.shape[2]
-  assert width & (width - 1) == 0 and width < nb   # a power of two, far below every block
+  assert width in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) and width < nb   # rounded; well below nb
   for r in range(b):
     visible = mask[r].reshape(nb, t // nb, nb, t // nb).any(axis=(1, 3))
     for j in range(nb):

@@ -294,7 +294,7 @@ def pack_trees(trees: list[Tree], seq_len: int, max_nodes: int, *, aggregation: 
 
   `block` (default: the largest of 32, 16, ... dividing seq_len) is the block size of the
   block-sparse tree attention and `max_kv_blocks` its fixed key-block width (default: the
-  batch's need rounded up to a power of two, at most seq_len // block, so shapes, and
+  batch's need rounded up to 2^k or 3 * 2^k, at most seq_len // block, so shapes, and
   compilations, repeat across steps).
   `share_prompts` packs the common prompt of a group's trees once (`merge_shared_roots`).
   `totals` (default: these trees' `batch_totals`) sets the normalisers; pass `global_totals`
@@ -374,13 +374,19 @@ def pack_trees(trees: list[Tree], seq_len: int, max_nodes: int, *, aggregation: 
   if block is None:
     block = next(k for k in (32, 16, 8, 4, 2, 1) if seq_len % k == 0)
   kv_blocks = kv_block_lists(node_ids, anc, block, max_kv_blocks)
-  if max_kv_blocks is None:  # pad the width to a power of two (at most every block)
+  if max_kv_blocks is None:  # pad the width to 2^k or 3 * 2^k (at most every block)
     need = kv_blocks.shape[2]
-    width = min(seq_len // block, 1 << max(0, (need - 1).bit_length()))
+    width = min(seq_len // block, _round_width(need))
     kv_blocks = np.pad(kv_blocks, ((0, 0), (0, 0), (0, width - need)), constant_values=-1)
   return PackedBatch(tokens=tokens, positions=positions, pred_index=pred, node_ids=node_ids,
                      ancestors=anc, old_logp=old, ref_logp=ref, pos_weight=pos_w,
                      neg_weight=neg_w, weight=wt, loss_mask=mask, kv_blocks=kv_blocks)
+
+
+def _round_width(n: int) -> int:
+  """Smallest 2^k or 3 * 2^k >= n: few distinct shapes, at most a third wasted."""
+  p = 1 << max(0, (n - 1).bit_length())
+  return 3 * p // 4 if p >= 4 and 3 * p // 4 >= n else p
 
 
 def packed_attention_mask(node_ids: jax.Array, ancestors: jax.Array) -> jax.Array:
