@@ -1,5 +1,4 @@
-"""SFT on demos: the loss falls, the greedy first move matches the expert on most trained demos,
-the step traces once, and warm_start's API (early stop, disabled, bad config)."""
+"""SFT step and warm_start: the masked loss, trace once, early stop, disabled, bad config."""
 
 import chex
 import jax
@@ -28,32 +27,6 @@ def _config(**overrides):
 
 def _model(tok, seed=0):
   return Transformer(tiny(tok.vocab_size), rngs=nnx.Rngs(seed))
-
-
-def test_sft_learns_first_moves(tok, small_env):
-  n, steps = 8, 150
-  w = _config(max_len=136, batch_size=16, steps=steps, learning_rate=1e-2, warmup_steps=10).warmstart
-  gen = warmstart.DemoGenerator(small_env, tok, warmstart.make_expert("frozenlake", small_env, 0.0),
-                                max_len=w.max_len)
-  demos = gen(jax.random.key(0), n)
-  first = np.asarray(demos.intended[:, 0])
-  assert np.asarray(demos.loss_mask).sum(1).min() >= 2          # every first reply is trained
-  majority = np.bincount(first, minlength=4).max() / n
-  model = _model(tok)
-  trainer = warmstart.SFTTrainer(model, w)
-  acc0, *_ = warmstart.first_move_accuracy(model, trainer.params_state(), demos, gen)
-  losses = []
-  for s in range(steps):
-    idx = jax.random.randint(jax.random.fold_in(jax.random.key(1), s), (w.batch_size,), 0, n)
-    losses.append(float(trainer.step(demos.tokens, demos.loss_mask, idx)))
-  assert np.mean(losses[-10:]) < 0.15 * losses[0]              # from ~log(vocab) to well below
-  acc, reply, length = warmstart.first_move_accuracy(model, trainer.params_state(), demos, gen)
-  # measured 0.625 (5 of 8) after 150 steps; the most common first move covers 3 of 8
-  assert majority <= 0.375 and acc >= 0.5 > acc0
-  # every greedy reply is a valid move closed by the end-of-turn token
-  acts = jax.vmap(small_env.parse_action)(reply, length)
-  assert np.all(np.asarray(acts[:, 0]) != fl.INVALID)
-  assert all(int(reply[i, length[i] - 1]) == tok.end_of_turn_id for i in range(n))
 
 
 def test_sft_step_traces_once(tok, small_env):
