@@ -166,14 +166,14 @@ def base_config() -> ml_collections.ConfigDict:
       num_demos=512,            # demonstration episodes generated on device
       epsilon=0.1,              # expert noise: per-move chance of a random move / distractor reply
       loss_on_noise=False,      # also train on the noisy replies (else only their context is kept)
-      max_len=512,              # tokens per demo sequence (prompt, replies, observations); longer are cut
-      steps=300,                # SFT updates
+      max_len=256,              # tokens per demo sequence (prompt, replies, observations); longer are cut
+      steps=100,                # SFT updates
       batch_size=16,            # demo sequences per update
       learning_rate=3e-3,       # AdamW peak learning rate
       warmup_steps=20,          # linear warm-up, then cosine decay to 10% of the peak
       weight_decay=0.0,         # AdamW decoupled weight decay (matrices only)
       grad_clip=1.0,            # global-norm gradient clipping (0 disables)
-      eval_every=50,            # SFT steps between evaluate(params) calls (when a callback is given)
+      eval_every=25,            # SFT steps between evaluate(params) calls (when a callback is given)
       target_success=1.0,       # stop once evaluate(params) >= this (1.0: run all steps)
       attention="auto",         # learner attention implementation (see learner.attention)
   )

@@ -9,7 +9,6 @@ from flax import nnx
 
 from tree_rl import config as config_lib
 from tree_rl import envs, warmstart
-from tree_rl.envs import frozenlake as fl
 from tree_rl.models import Transformer
 from tree_rl.models.config import tiny
 

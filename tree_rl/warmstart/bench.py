@@ -1,7 +1,7 @@
 """Measure the warm start: SFT steps until the greedy first move matches the expert.
 
     python -m tree_rl.warmstart.bench                       # CPU: tiny model, FrozenLake rllm
-    python -m tree_rl.warmstart.bench --steps=600 --batch_size=32 --model=small   # GPU
+    python -m tree_rl.warmstart.bench --steps=2000 --batch_size=64 --eval_every=100   # GPU
 
 Prints one JSON line and a table of (step, loss, first-move accuracy on held-out noiseless demos).
 """
@@ -25,14 +25,14 @@ def main(argv=None):
   ap.add_argument("--env", default="frozenlake")
   ap.add_argument("--preset", default="rllm")
   ap.add_argument("--model", default="tiny")
-  ap.add_argument("--steps", type=int, default=300)
+  ap.add_argument("--steps", type=int, default=100)
   ap.add_argument("--batch_size", type=int, default=16)
-  ap.add_argument("--max_len", type=int, default=512)
+  ap.add_argument("--max_len", type=int, default=256)
   ap.add_argument("--num_demos", type=int, default=512)
   ap.add_argument("--epsilon", type=float, default=0.1)
   ap.add_argument("--learning_rate", type=float, default=3e-3)
   ap.add_argument("--warmup_steps", type=int, default=20)
-  ap.add_argument("--eval_every", type=int, default=50)
+  ap.add_argument("--eval_every", type=int, default=25)
   ap.add_argument("--eval_demos", type=int, default=256)
   ap.add_argument("--seed", type=int, default=0)
   args = ap.parse_args(argv)
