@@ -32,8 +32,9 @@ class TrainState:
   skipped: jax.Array     # updates skipped for a non-finite loss or gradient
 
 
-def make_optimizer(lcfg) -> optax.GradientTransformation:
-  """AdamW (weight decay on matrices only) after global-norm clipping, with linear warm-up."""
+def make_optimizer(lcfg) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """(optimizer, learning-rate schedule): AdamW (weight decay on matrices only) after
+  global-norm clipping, with linear warm-up."""
   lr = float(lcfg.learning_rate)
   warm = int(lcfg.warmup_steps)
   if lcfg.lr_schedule == "constant":
