@@ -71,6 +71,8 @@ def test_warm_start_early_stop_and_api(tok, small_env):
   assert len(stats["loss"]) == 4 and all(np.isfinite(stats["loss"]))
   assert stats["demo_success"] > 0.5 and 0 < stats["demo_tokens"] <= 136
   assert isinstance(params, nnx.State)
+  # params handed to evaluate stay valid after later (donating) steps, and differ from the end
+  assert not np.array_equal(np.asarray(seen[0]["embed"][...]), np.asarray(params["embed"][...]))
   assert jax.tree.structure(params) == jax.tree.structure(nnx.state(model, nnx.Param))
   # the model is untouched; the returned params load into it
   assert all(jax.tree.leaves(jax.tree.map(np.array_equal, original,

@@ -87,8 +87,9 @@ class SFTTrainer:
     return loss
 
   def params_state(self) -> nnx.State:
-    """The trained Params (an nnx.State) in the model's own parameter dtypes."""
-    return jax.tree.map(lambda a, d: a.astype(d), self.params, self.dtypes)
+    """A copy of the trained Params (an nnx.State) in the model's own parameter dtypes; later
+    steps donate the trainer's buffers, never the copy's."""
+    return jax.tree.map(lambda a, d: jnp.array(a, dtype=d, copy=True), self.params, self.dtypes)
 
 
 def _to_master(a):
