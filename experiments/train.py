@@ -1,14 +1,13 @@
-"""Entry point: `python -m experiments.train --config=configs/frozenlake.py:smoke --workdir=runs/x`.
+"""Entry point: `python -m experiments.train --config=configs/frozenlake.py:algo=patr --workdir=runs/x`.
 
-Any config field can be overridden with --config.section.field=value. Until the RL loop lands,
-this runs a smoke generation of the configured model (random weights for tiny/small) and says so.
+Any config field can be overridden with --config.section.field=value; --print_config shows the
+resolved config. Runs (or resumes) `tree_rl.train.train_and_evaluate` and prints eval success
+before and after RL.
 """
 
 import json
-import os
-import time
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from tree_rl.config import parse_flags_or_exit
@@ -18,39 +17,15 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Directory for checkpo
 _PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print the resolved config as JSON and exit.")
 
 
-def smoke_generation(config, workdir: str, new_tokens: int = 24) -> dict:
-  """Greedy generation from the configured model with a dense jitted loop."""
-  import jax
-  import jax.numpy as jnp
-  from flax import nnx
-
-  from tree_rl.models import build_model, build_tokenizer
-
-  tokenizer = build_tokenizer(config)
-  model, model_cfg = build_model(config, tokenizer, seed=config.seed)
-  prompt = tokenizer.encode_chat([{"role": "user", "content": "You are on a frozen lake.\nP__\n_O_\n__G\nMove:"}])
-  total = len(prompt) + new_tokens
-  graphdef, params = nnx.split(model)
-
-  @jax.jit
-  def generate(params, tokens):
-    model = nnx.merge(graphdef, params)
-    def body(t, tokens):
-      next_token = jnp.argmax(model(tokens)[:, t - 1], axis=-1).astype(jnp.int32)
-      return tokens.at[:, t].set(next_token)
-    return jax.lax.fori_loop(len(prompt), total, body, tokens)
-
-  tokens = jnp.zeros((1, total), jnp.int32).at[0, :len(prompt)].set(jnp.asarray(prompt))
-  start = time.perf_counter()
-  out = jax.block_until_ready(generate(params, tokens))
-  seconds = time.perf_counter() - start
-  result = {"model_params": model_cfg.num_params, "prompt_tokens": len(prompt), "new_tokens": new_tokens,
-            "seconds_incl_compile": round(seconds, 3),
-            "generated_text": tokenizer.decode(out[0, len(prompt):].tolist())}
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "smoke_generation.json"), "w") as f:
-    json.dump(result, f, indent=2)
-  return result
+def summary_table(summary: dict) -> str:
+  before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
+  keys = sorted(k for k in after if k.startswith("eval/"))
+  lines = [f"{'eval metric':<34}{'before RL':>12}{'after RL':>12}", "-" * 58]
+  for k in keys:
+    b = before.get(k)
+    lines.append(f"{k:<34}{(f'{b:.3f}' if b is not None else '-'):>12}{after[k]:>12.3f}")
+  lines.append(f"RL steps: {summary['step']}" + (" (stopped early)" if summary["stopped_early"] else ""))
+  return "\n".join(lines)
 
 
 def main(argv):
@@ -59,9 +34,10 @@ def main(argv):
   if _PRINT_CONFIG.value:
     print(config.to_json_best_effort(indent=2))
     return
-  logging.info("config:\n%s", config)
-  print("The RL loop is not built yet: running a smoke generation of the configured model.")
-  print(json.dumps(smoke_generation(config, _WORKDIR.value), indent=2))
+  from tree_rl.train import train_and_evaluate
+  summary = train_and_evaluate(config, _WORKDIR.value)
+  print(summary_table(summary))
+  print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 Metrics: greedy success, sampled success (mean over `train.eval_samples` episodes per prompt),
 pass@k (any of the k sampled episodes succeeds), mean turns, tool calls and generated tokens per
 episode. Prompts run in fixed-size chunks (the last one padded), so evaluation compiles once and
-gives the same numbers for the same weights and key.
+gives the same numbers for the same weights and key. The evaluator runs on the caller's sampler
+cache (bound to the weights to evaluate), so training and evaluation share one cache shape and
+its compiled sampler functions; `cache_needs` tells the caller how large that cache must be.
 """
 
 from __future__ import annotations
@@ -39,24 +41,25 @@ class Evaluator:
       c.rollout.temperature = temperature
       c.rollout.budget = 0
       policy = rollout_build.make_policy(c)
-      engine = rollout_build.make_engine(c, env, tokenizer)
+      engine = rollout_build.make_engine(c, env, tokenizer, row_buckets="full", obs_buckets=False)
       layout = Layout(self.chunk, policy.capacity(engine.max_turns), policy.slots, policy.num_trees)
       pages = self.chunk * policy.slots * engine.pages_per_seq(int(config.sampler.page_size))
       self.modes[mode] = (policy, engine, layout, pages)
-    self._caches = {}
 
-  def _rollouts(self, mode: str, model, key):
-    """Per prompt: rewards [N, L], valid [N, L], turns [N, L], and per-prompt budget sums."""
+  def cache_needs(self) -> tuple[int, int]:
+    """(sequence slots, KV pages) a cache needs for every evaluation rollout."""
+    return (max(l.num_prompts * l.capacity for _, _, l, _ in self.modes.values()),
+            max(pages for *_, pages in self.modes.values()))
+
+  def _rollouts(self, mode: str, cache, key):
+    """Per prompt: rewards [N, L], valid [N, L], turns [N, L], per-prompt budget sums; cache."""
     policy, engine, layout, pages = self.modes[mode]
-    cfg = self.config.sampler
-    cache = engine.new_cache(model, layout, num_pages=pages, page_size=int(cfg.page_size),
-                             kv_dtype=cfg.kv_dtype)
     rewards, valid, turns, calls, generated = [], [], [], [], []
     for lo in range(0, self.num_prompts, self.chunk):
       idx = np.minimum(np.arange(lo, lo + self.chunk), self.num_prompts - 1)
       states = jax.tree.map(lambda x: x[idx], self.states)
       out, cache = run(engine, policy, cache, states, jax.random.fold_in(key, lo),
-                       prompt_ids=jnp.asarray(idx, jnp.int32))
+                       prompt_ids=jnp.asarray(idx, jnp.int32), capacity=layout.capacity)
       real = (np.arange(lo, lo + self.chunk) < self.num_prompts)
       rewards.append(np.asarray(out.reward)[real])
       valid.append(np.asarray(out.valid)[real])
@@ -64,16 +67,18 @@ class Evaluator:
       calls.append(np.asarray(out.budget.tool_calls)[real])
       generated.append(np.asarray(out.budget.generated)[real])
     cat = np.concatenate
-    return cat(rewards), cat(valid), cat(turns), cat(calls), cat(generated)
+    return (cat(rewards), cat(valid), cat(turns), cat(calls), cat(generated)), cache
 
-  def greedy_success(self, model, key) -> float:
-    r, v, *_ = self._rollouts("greedy", model, key)
-    return float(((r > 0) & v).sum() / max(v.sum(), 1))
+  def greedy_success(self, cache, key) -> tuple[float, object]:
+    """(greedy success rate, cache) for the weights `cache` is bound to."""
+    (r, v, *_), cache = self._rollouts("greedy", cache, key)
+    return float(((r > 0) & v).sum() / max(v.sum(), 1)), cache
 
-  def __call__(self, model, key) -> dict:
+  def __call__(self, cache, key) -> tuple[dict, object]:
+    """(metrics, cache) for the weights `cache` is bound to."""
     out = {}
     for i, mode in enumerate(("greedy", "sampled")):
-      r, v, turns, calls, generated = self._rollouts(mode, model, jax.random.fold_in(key, i))
+      (r, v, turns, calls, generated), cache = self._rollouts(mode, cache, jax.random.fold_in(key, i))
       episodes = max(int(v.sum()), 1)
       success = (r > 0) & v
       out[f"eval/{mode}_success"] = float(success.sum() / episodes)
@@ -82,4 +87,4 @@ class Evaluator:
       out[f"eval/{mode}_tokens_per_episode"] = float(generated.sum() / episodes)
       if mode == "sampled":
         out[f"eval/pass@{self.k}"] = float(np.mean(success.any(axis=1)))
-    return out
+    return out, cache

@@ -136,7 +136,8 @@ class TrainStep:
     return jax.tree.map(put, local_batch)
 
   # ------------------------------------------------------------------ the update
-  def _loss(self, params, mb):
+  def _logprobs(self, params, mb, with_entropy: bool):
+    """Per-token log-probs (and entropies) of the batch arrays `mb` under `params`."""
     lcfg = self.config.learner
     model = nnx.merge(self.graphdef, params)
     mask = attend = None
@@ -145,12 +146,16 @@ class TrainStep:
       attend = lambda i, q, k, v, s: (tree_block_attention(q, k, v, kpos, visible), s)
     elif "node_ids" in mb:
       mask = packed_attention_mask(mb["node_ids"], mb["ancestors"])
+    return sequence_logprobs(model, mb["tokens"], positions=mb.get("positions"),
+                             pred_index=mb.get("pred_index"), attention_mask=mask,
+                             attention=lcfg.attention, remat=lcfg.remat,
+                             logits_chunk=lcfg.logits_chunk, with_entropy=with_entropy,
+                             attend=attend)
+
+  def _loss(self, params, mb):
+    lcfg = self.config.learner
     need_entropy = bool(lcfg.log_entropy or lcfg.entropy_coef)
-    logp, ent = sequence_logprobs(model, mb["tokens"], positions=mb.get("positions"),
-                                  pred_index=mb.get("pred_index"), attention_mask=mask,
-                                  attention=lcfg.attention, remat=lcfg.remat,
-                                  logits_chunk=lcfg.logits_chunk, with_entropy=need_entropy,
-                                  attend=attend)
+    logp, ent = self._logprobs(params, mb, need_entropy)
     return losses.weighted_policy_loss(
         logp, mb["old_logp"], mb["pos"], mb["neg"], mb["weight"], ref_logp=mb["ref_logp"],
         entropy=ent if need_entropy else None, clip_low=lcfg.clip_low, clip_high=lcfg.clip_high,
@@ -197,6 +202,19 @@ class TrainStep:
     metrics.update(loss=loss, grad_norm=grad_norm, skipped=(~finite).astype(jnp.float32),
                    learning_rate=self.schedule(state.step))
     return new_state, metrics
+
+  def with_ref_logprobs(self, ref_params, batch):
+    """`batch` with `ref_logp` filled by the frozen reference policy `ref_params` (for the KL
+    term), computed on the mesh like the update (same attention path, same packing)."""
+    kind = ("ref", type(batch))
+    if kind not in self._jitted:
+      def fill(params, batch):
+        logp, _ = self._logprobs(params, _token_arrays(batch, self.config.learner), False)
+        return batch.replace(ref_logp=jnp.where(batch.loss_mask, logp, 0.0).astype(jnp.float32))
+      shardings = self.batch_shardings(batch)
+      self._jitted[kind] = jax.jit(fill, in_shardings=(self.param_shardings, shardings),
+                                   out_shardings=shardings)
+    return self._jitted[kind](ref_params, batch)
 
   def __call__(self, state: TrainState, batch) -> tuple[TrainState, dict]:
     """One update; `batch` is a LeafBatch or PackedBatch of global (or single-process) arrays."""

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Every GPU measurement of the project in one call (one H200): the sampler against the HF
+# generate peer, the learner against the torch.compile training peer, the packed-vs-per-leaf
+# tree learner ratio. Each part has its own time limit so one slow part cannot starve the rest.
+#
+#   PEERS=../shared/peers OUT=gpu_out bash experiments/gpu_checks.sh
+#
+# Environment: PEERS (folder with hf_generate_peer.py and hf_train_peer.py, default
+# ../shared/peers), OUT (results folder, default gpu_out), PYTHON (default python3).
+set -u
+PEERS=${PEERS:-../shared/peers}
+OUT=${OUT:-gpu_out}
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  $PY -c "import jax, flax, torch, transformers; print('jax', jax.__version__, 'flax', flax.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, jax.devices())"
+} > "$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+
+echo "== sampler (tree workload, B=256 P=512 G=256, qwen2.5-0.5b shape, bf16) + HF static peer"
+timeout "${SAMPLER_S:-300}" $PY -m experiments.bench_sampler --model=qwen25_05b --dtype=bfloat16 \
+  --batch=256 --prompt=512 --gen=256 --turn_segments=2 --repeats=2 --workloads=tree \
+  --peer --peer_script="$PEERS/hf_generate_peer.py" --peer_cache=static \
+  --out="$OUT/sampler.jsonl" 2>&1 | grep -v "^W\|^I" | tail -25
+
+echo "== learner (dense 8 x 2048, bf16 compute) + torch.compile peer; packed vs per-leaf trees"
+timeout "${LEARNER_S:-220}" $PY -m experiments.bench_learner --model=qwen25_05b --batch=8 --seq=2048 \
+  --dtype=bfloat16 --steps=10 --peak_tflops=790 --peer_script="$PEERS/hf_train_peer.py" \
+  --variants=auto/none/512 --parts=dense,tree --tree_model=qwen25_05b \
+  --out="$OUT/learner.json" 2>&1 | grep -v "^W\|^I" | tail -25

@@ -1,0 +1,313 @@
+"""`train_and_evaluate(config, workdir)`: warm start -> RL loop -> evaluation, with exact resume.
+
+One RL step: a batch of train prompts (in a seeded order) -> rollout with the configured method
+on the shared engine -> advantages (registry) -> `train.ppo_epochs` x `train.minibatches`
+sharded updates (tree-packed or per-leaf) -> the sampler's cache is rebuilt on the new weights.
+Every random choice of step s derives from (config.seed, s), so a run resumed from a checkpoint
+continues exactly as if it had never stopped. Importable from a notebook.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tree_rl import tasks
+from tree_rl.checkpointing import Checkpointer
+from tree_rl.evaluation import Evaluator
+from tree_rl.learner import advantages as advantage_lib
+from tree_rl.learner.batches import leaf_batch, pack_trees
+from tree_rl.learner.train_step import make_train_step
+from tree_rl.metrics import MetricsWriter, plot_curves, read_jsonl
+from tree_rl.models import build_model, build_tokenizer
+from tree_rl.rollout import build as rollout_build
+from tree_rl.rollout.driver import learner_inputs, learner_trees, run
+from tree_rl.rollout.engine import Layout
+from tree_rl import sampling
+from tree_rl.validation import validate
+
+
+@dataclasses.dataclass
+class Parts:
+  """Everything built once from the config."""
+  config: Any
+  tokenizer: Any
+  model: Any                 # NNX policy model (the sampler's weights are copied into it)
+  model_config: Any
+  tasks: tasks.TaskSet
+  policy: Any
+  engine: Any
+  scorer: Any
+  layout: Layout
+  train_step: Any
+  evaluator: Evaluator
+
+
+def build_parts(config) -> Parts:
+  validate(config)
+  tokenizer = build_tokenizer(config)
+  model, model_config = build_model(config, tokenizer, seed=int(config.seed))
+  task_set = tasks.build(config, tokenizer)
+  policy = rollout_build.make_policy(config)
+  engine = rollout_build.make_engine(config, task_set.train_env, tokenizer, row_buckets="full", obs_buckets=False)
+  scorer = rollout_build.make_scorer(config, policy, env=task_set.train_env, tokenizer=tokenizer,
+                                     policy_model=model)
+  layout = Layout(int(config.rollout.prompts_per_step), policy.capacity(engine.max_turns),
+                  policy.slots, policy.num_trees)
+  validate(config, engine=engine, layout=layout)
+  train_step = make_train_step(config, model)
+  evaluator = Evaluator(config, task_set.test_env, task_set.test_states, tokenizer)
+  return Parts(config, tokenizer, model, model_config, task_set, policy, engine, scorer, layout,
+               train_step, evaluator)
+
+
+# ----------------------------------------------------------------------------- state
+
+
+def new_cache(parts: Parts, params):
+  """One sampler cache for training rollouts and evaluation, bound to `params`."""
+  config = parts.config
+  slots, pages = parts.evaluator.cache_needs()
+  return sampling.init_cache(
+      _to_model(parts, params), max_seqs=max(slots, parts.layout.num_prompts * parts.layout.capacity),
+      num_pages=max(pages, int(config.sampler.num_pages)),
+      max_pages_per_seq=parts.engine.pages_per_seq(int(config.sampler.page_size)),
+      page_size=int(config.sampler.page_size), kv_dtype=config.sampler.kv_dtype)
+
+
+def _to_model(parts: Parts, params) -> nnx.Module:
+  """The policy model carrying `params` (float32 master weights cast to the model's dtypes)."""
+  graphdef, state = nnx.split(parts.model)
+  pure = nnx.to_pure_dict(state)
+  cast = jax.tree.map(lambda new, old: jnp.asarray(new, old.dtype), params, pure)
+  nnx.replace_by_pure_dict(state, cast)
+  return nnx.merge(graphdef, state)
+
+
+def _prompt_order(config, num_tasks: int, position: int, count: int) -> np.ndarray:
+  """Task indices [position, position + count) of the seeded epoch-wise shuffled stream."""
+  out = []
+  for i in range(position, position + count):
+    epoch, offset = divmod(i, num_tasks)
+    perm = np.random.default_rng([int(config.seed), epoch]).permutation(num_tasks)
+    out.append(perm[offset])
+  return np.asarray(out, np.int32)
+
+
+def _step_key(config, step: int, stream: int) -> jax.Array:
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(int(config.seed)), step), stream)
+
+
+# ----------------------------------------------------------------------------- one RL step
+
+
+def _bucket(n: int, floor: int = 64) -> int:
+  return max(floor, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
+
+
+def make_batches(config, trees: list, ref_logprobs=None) -> list:
+  """Learner batches for one step: the prompts' trees split into `train.minibatches` groups,
+  each packed (learner.packed) or materialised per leaf, with shapes bucketed to powers of two
+  so the update compiles once per bucket."""
+  n = int(config.train.minibatches)
+  groups = sorted({t.group_id for t in trees})
+  chunks = [groups[i::n] for i in range(n)]
+  batches = []
+  for chunk in chunks:
+    members = [t for t in trees if t.group_id in set(chunk)]
+    if not members:
+      continue
+    if config.learner.packed:
+      seq = _bucket(max(len(t.tokens) for t in members))
+      nodes = _bucket(max(t.num_nodes for t in members), floor=8)
+      rows = _bucket(len(members), floor=1)
+      batch = pack_trees(members, seq, nodes, aggregation=config.learner.aggregation, rows=rows)
+    else:
+      leaves = sum(len(t.leaves()) for t in members)
+      seq = _bucket(max(len(t.path_tokens(l)) for t in members for l in t.leaves()))
+      batch = leaf_batch(members, seq, rows=_bucket(leaves, floor=1))
+    batches.append(batch)
+  return batches
+
+
+def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: int):
+  """Rollout + updates for RL step `step`; returns (train_state, cache, metrics)."""
+  config = parts.config
+  p = int(config.rollout.prompts_per_step)
+  ids = _prompt_order(config, parts.tasks.num_train, position, p)
+  states = jax.tree.map(lambda x: x[ids], parts.tasks.train_states)
+  t0 = time.perf_counter()
+  out, cache = run(parts.engine, parts.policy, cache, states, _step_key(config, step, 0),
+                   prompt_ids=jnp.asarray(ids), scorer=parts.scorer,
+                   budget=int(config.rollout.budget), budget_unit=config.rollout.budget_unit)
+  jax.block_until_ready(out.tree.tokens)
+  rollout_s = time.perf_counter() - t0
+  inputs = learner_inputs(out)
+  adv = advantage_lib.get(config.learner.advantage)(**inputs, eps=float(config.learner.adv_eps))
+  trees = learner_trees(out, adv)
+  t1 = time.perf_counter()
+  batches = make_batches(config, trees)
+  if float(config.learner.kl_coef):
+    batches = [parts.train_step.with_ref_logprobs(ref_params, b) for b in batches]
+  learner_metrics = []
+  for _ in range(int(config.train.ppo_epochs)):
+    for batch in batches:
+      train_state, m = parts.train_step(train_state, batch)
+      learner_metrics.append(m)
+  learner_metrics = jax.device_get(learner_metrics)
+  learner_s = time.perf_counter() - t1
+  tokens = sum(int(np.sum(np.asarray(b.loss_mask))) for b in batches) * int(config.train.ppo_epochs)
+  metrics = {f"rollout/{k}": v for k, v in out.stats.items()}
+  for k in learner_metrics[0]:
+    values = [float(m[k]) for m in learner_metrics]
+    metrics[f"learner/{k}"] = sum(values) if k == "skipped" else float(np.mean(values))
+  generated = out.stats.get("budget/generated", 0)
+  metrics.update({"throughput/rollout_tokens_per_s": generated / max(rollout_s, 1e-9),
+                  "throughput/learner_tokens_per_s": tokens / max(learner_s, 1e-9),
+                  "throughput/rollout_share": rollout_s / max(rollout_s + learner_s, 1e-9),
+                  "time/step_s": rollout_s + learner_s})
+  return train_state, cache, metrics
+
+
+# ----------------------------------------------------------------------------- the program
+
+
+class _StopRequest:
+  """Ctrl-C (SIGINT) or SIGTERM: finish the current step, checkpoint, exit cleanly."""
+
+  def __init__(self):
+    self.requested = False
+    self._old = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGINT, signal.SIGTERM):
+      try:
+        self._old[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread (e.g. some notebook kernels): no handler
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    if self.requested:  # a second Ctrl-C stops at once
+      raise KeyboardInterrupt
+    self.requested = True
+    print("\nstop requested: finishing this step, then saving a checkpoint", flush=True)
+
+  def __exit__(self, *exc):
+    for sig, old in self._old.items():
+      signal.signal(sig, old)
+
+
+def _checkpoint_state(train_state, ref_params):
+  return {"train": train_state, "ref_params": ref_params}
+
+
+def _progress(config, total: int, initial: int):
+  if not config.logging.progress_bar:
+    return None
+  from tqdm import tqdm
+  return tqdm(total=total, initial=initial, desc="RL steps", unit="step", dynamic_ncols=True)
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Run (or resume) the experiment in `workdir`; returns the final evaluation metrics."""
+  os.makedirs(workdir, exist_ok=True)
+  parts = build_parts(config)
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=int(config.checkpoint.keep),
+                      best_metric="eval/greedy_success")
+  writer = MetricsWriter(workdir, tensorboard=bool(config.logging.tensorboard))
+  train_state = parts.train_step.init()
+  restored = ckpt.restore(_checkpoint_state(jax.eval_shape(lambda: train_state),
+                                            jax.eval_shape(lambda: train_state.params)))
+  p = int(config.rollout.prompts_per_step)
+  meta = lambda step: {"step": step, "data_position": step * p, "history": history,
+                       "config": config.to_json()}
+  if restored is None:
+    warm_params, warm_stats = _warm_start(parts)
+    train_state = parts.train_step.init(warm_params)
+    ref_params = jax.tree.map(jnp.copy, train_state.params)
+    step = 0
+    cache = new_cache(parts, train_state.params)
+    before, cache = parts.evaluator(cache, _step_key(config, 0, 1))
+    history = {"warm_start": warm_stats, "eval_before": before}
+    writer.write(0, before)
+    ckpt.save(0, _checkpoint_state(train_state, ref_params), meta(0), metrics=before)
+  else:
+    step, state, saved = restored
+    train_state, ref_params = state["train"], state["ref_params"]
+    history = saved.get("history", {})
+    cache = new_cache(parts, train_state.params)
+    print(f"resumed from {ckpt.directory} at step {step}")
+  num_steps = int(config.train.num_steps)
+  bar = _progress(config, num_steps, step)
+  last_eval = None
+  with _StopRequest() as stop:
+    while step < num_steps and not stop.requested:
+      train_state, cache, metrics = rl_step(parts, train_state, ref_params, cache, step, step * p)
+      step += 1
+      cache = sampling.reset(cache, _to_model(parts, train_state.params))
+      if metrics.get("learner/skipped", 0):
+        print(f"step {step}: {int(metrics['learner/skipped'])} update(s) skipped "
+              f"(non-finite loss or gradient); parameters unchanged", flush=True)
+      eval_now = step % int(config.train.eval_every) == 0 or step == num_steps
+      if eval_now:
+        last_eval, cache = parts.evaluator(cache, _step_key(config, step, 1))
+        metrics.update(last_eval)
+      if step % int(config.logging.every_steps) == 0 or eval_now:
+        writer.write(step, metrics)
+      if step % int(config.checkpoint.every_steps) == 0 or step == num_steps or stop.requested:
+        ckpt.save(step, _checkpoint_state(train_state, ref_params), meta(step),
+                  metrics=last_eval if eval_now else None)
+      if bar is not None:
+        bar.update(1)
+        bar.set_postfix(success=f"{metrics['rollout/success_rate']:.2f}",
+                        loss=f"{metrics.get('learner/loss', float('nan')):.3f}")
+  if bar is not None:
+    bar.close()
+  writer.close()
+  ckpt.close()
+  _plot(workdir)
+  if last_eval is None:
+    last_eval, cache = parts.evaluator(cache, _step_key(config, step, 1))
+  summary = {"step": step, "eval_before": history.get("eval_before", {}), "eval_after": last_eval,
+             "warm_start": history.get("warm_start", {}), "stopped_early": step < num_steps}
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  return summary
+
+
+def _warm_start(parts: Parts) -> tuple[Any, dict]:
+  """Supervised warm start for from-scratch models (pure-dict params, stats); skipped for a
+  pretrained checkpoint (config.model.preset=hf) or with config.warmstart.enabled=False."""
+  from tree_rl.warmstart import warm_start
+  config = parts.config
+  if config.model.preset == "hf" or not config.warmstart.enabled:
+    return nnx.to_pure_dict(nnx.state(parts.model, nnx.Param)), {"skipped": True}
+  key = _step_key(config, 2**31 - 1, 0)  # a stream no RL step uses
+  evaluate = lambda params: parts.evaluator.greedy_success(
+      new_cache(parts, nnx.to_pure_dict(params)), jax.random.fold_in(key, 1))[0]
+  params, stats = warm_start(config, parts.model, parts.tokenizer, parts.tasks.train_env, key,
+                             evaluate=evaluate)
+  stats = {k: v for k, v in stats.items() if k != "loss"} | {
+      "first_loss": stats["loss"][0] if stats["loss"] else None,
+      "last_loss": stats["loss"][-1] if stats["loss"] else None}
+  return nnx.to_pure_dict(params), stats
+
+
+def _plot(workdir: str):
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return
+  rows = read_jsonl(path)
+  keys = ["rollout/success_rate", "learner/loss", "eval/greedy_success", "eval/sampled_success"]
+  plot_curves(rows, [k for k in keys if any(k in r for r in rows)], os.path.join(workdir, "curves.png"))
