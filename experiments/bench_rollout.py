@@ -122,6 +122,7 @@ def main(_):
       row = dict(method=method, sharing=share, wall_s=float(np.mean(walls)),
                  wall_per_traj_ms=1e3 * float(np.mean(walls)) / traj,
                  trajectories=agg["trajectories"], mean_turns=agg["mean_turns"],
+                 engine_turns=agg["turns"], wall_per_turn_ms=1e3 * float(np.mean(walls)) / max(agg["turns"], 1),
                  success=agg["success_rate"], pruned=agg["pruned"],
                  generated_per_traj=agg["budget/generated"] / traj,
                  prefilled_per_traj=agg["budget/prefilled"] / traj,
