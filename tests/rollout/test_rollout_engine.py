@@ -185,6 +185,10 @@ def test_chain_group_and_patr_pruned_branches_stay_in_group():
   for p in range(P):   # never more branches than the cap
     assert t.is_leaf[p].sum() <= policy.max_branches
   assert np.isfinite(t.score[t.used & (t.depth > 0) & ~t.finished]).any()
+  rand, _ = cached("tree_random")   # Tree-Random routes the same way on random scores
+  scored = np.isfinite(rand.tree.score)
+  assert scored.any() and not np.allclose(rand.tree.score[scored & np.isfinite(t.score)],
+                                          t.score[scored & np.isfinite(t.score)])
 
 
 def test_budget_mode_stops_new_work():
