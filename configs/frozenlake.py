@@ -1,25 +1,26 @@
-"""FrozenLake (rLLM setup): a tiny from-scratch policy trained with tree rollouts.
+"""FrozenLake (rLLM setup: maps 2..9, not slippery): a from-scratch policy trained with tree rollouts.
 
 Run:
   python -m experiments.train --config=configs/frozenlake.py:algo=patr,model=tiny --workdir=runs/fl
-Smoke (about a minute on a CPU):
-  python -m experiments.train --config=configs/frozenlake.py:smoke --workdir=runs/fl_smoke
+Smoke (a minute or two on a CPU):
+  python -m experiments.train --config=configs/frozenlake.py:algo=tree_grpo,smoke --workdir=runs/fl_smoke
+algo: grpo | rloo | chain | tree_grpo | patr | tree_random;  model: tiny | small | hf (with hf_path=...).
 Any field can be overridden, e.g. --config.rollout.temperature=0.7
 """
 
+from configs.common import apply_algo, apply_model, apply_smoke
 from tree_rl.config import base_config, lock, parse_arg
 
 
 def get_config(arg=None):
   args = parse_arg(arg, algo="patr", model="tiny", hf_path="", smoke=False)
   c = base_config()
-  c.rollout.method = args.algo
-  c.model.preset = args.model
-  c.model.hf_path = args.hf_path
-  if args.model == "hf":
-    c.tokenizer.kind = "hf"
+  c.env.name, c.env.preset = "frozenlake", "rllm"
+  apply_algo(c, args.algo)
+  apply_model(c, args.model, args.hf_path)
+  # The tiny from-scratch policy replies with one move word: 16 tokens per turn is ample.
+  c.rollout.max_tokens_per_turn = 16
+  c.sampler.kv_dtype = "float32" if args.model == "tiny" else c.sampler.kv_dtype
   if args.smoke:
-    c.rollout.prompts_per_step = 2
-    c.rollout.max_tokens_per_turn = 16
-    c.sampler.num_pages = 256
+    apply_smoke(c)
   return lock(c)

@@ -77,5 +77,11 @@ class Checkpointer:
           f"({type(e).__name__}: {e}); remove that step directory or use another --workdir") from e
     return step, out.state, out.meta
 
+  def read(self, step: int) -> tuple[Any, dict]:
+    """(state, meta) of `step` as saved, without a target structure (for inspection)."""
+    out = self._manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    return out.state, out.meta
+
   def close(self):
     self._manager.close()

@@ -108,6 +108,12 @@ def _step_key(config, step: int, stream: int) -> jax.Array:
   return jax.random.fold_in(jax.random.fold_in(jax.random.key(int(config.seed)), step), stream)
 
 
+def _eval_key(config) -> jax.Array:
+  """One key for every evaluation: the same episodes' randomness at every step (common random
+  numbers), so eval curves move only with the weights."""
+  return jax.random.fold_in(jax.random.key(int(config.seed)), 2**31 - 2)
+
+
 # ----------------------------------------------------------------------------- one RL step
 
 
@@ -115,10 +121,12 @@ def _bucket(n: int, floor: int = 64) -> int:
   return max(floor, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
 
 
-def make_batches(config, trees: list, ref_logprobs=None) -> list:
+def make_batches(config, trees: list, row_multiple: int = 1) -> list:
   """Learner batches for one step: the prompts' trees split into `train.minibatches` groups,
   each packed (learner.packed) or materialised per leaf, with shapes bucketed to powers of two
-  so the update compiles once per bucket."""
+  (rows also to a multiple of the batch-sharding mesh size) so the update compiles once per
+  bucket."""
+  rows_for = lambda n: -(-_bucket(n, floor=1) // row_multiple) * row_multiple
   n = int(config.train.minibatches)
   groups = sorted({t.group_id for t in trees})
   chunks = [groups[i::n] for i in range(n)]
@@ -130,12 +138,12 @@ def make_batches(config, trees: list, ref_logprobs=None) -> list:
     if config.learner.packed:
       seq = _bucket(max(len(t.tokens) for t in members))
       nodes = _bucket(max(t.num_nodes for t in members), floor=8)
-      rows = _bucket(len(members), floor=1)
-      batch = pack_trees(members, seq, nodes, aggregation=config.learner.aggregation, rows=rows)
+      batch = pack_trees(members, seq, nodes, aggregation=config.learner.aggregation,
+                         rows=rows_for(len(members)), block=int(config.learner.attention_block))
     else:
       leaves = sum(len(t.leaves()) for t in members)
       seq = _bucket(max(len(t.path_tokens(l)) for t in members for l in t.leaves()))
-      batch = leaf_batch(members, seq, rows=_bucket(leaves, floor=1))
+      batch = leaf_batch(members, seq, rows=rows_for(leaves))
     batches.append(batch)
   return batches
 
@@ -156,7 +164,8 @@ def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: i
   adv = advantage_lib.get(config.learner.advantage)(**inputs, eps=float(config.learner.adv_eps))
   trees = learner_trees(out, adv)
   t1 = time.perf_counter()
-  batches = make_batches(config, trees)
+  mesh = parts.train_step.mesh
+  batches = make_batches(config, trees, row_multiple=mesh.shape['data'] * mesh.shape['fsdp'])
   if float(config.learner.kl_coef):
     batches = [parts.train_step.with_ref_logprobs(ref_params, b) for b in batches]
   learner_metrics = []
@@ -238,7 +247,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     ref_params = jax.tree.map(jnp.copy, train_state.params)
     step = 0
     cache = new_cache(parts, train_state.params)
-    before, cache = parts.evaluator(cache, _step_key(config, 0, 1))
+    before, cache = parts.evaluator(cache, _eval_key(config))
     history = {"warm_start": warm_stats, "eval_before": before}
     writer.write(0, before)
     ckpt.save(0, _checkpoint_state(train_state, ref_params), meta(0), metrics=before)
@@ -261,7 +270,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
               f"(non-finite loss or gradient); parameters unchanged", flush=True)
       eval_now = step % int(config.train.eval_every) == 0 or step == num_steps
       if eval_now:
-        last_eval, cache = parts.evaluator(cache, _step_key(config, step, 1))
+        last_eval, cache = parts.evaluator(cache, _eval_key(config))
         metrics.update(last_eval)
       if step % int(config.logging.every_steps) == 0 or eval_now:
         writer.write(step, metrics)
@@ -278,7 +287,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   ckpt.close()
   _plot(workdir)
   if last_eval is None:
-    last_eval, cache = parts.evaluator(cache, _step_key(config, step, 1))
+    last_eval, cache = parts.evaluator(cache, _eval_key(config))
   summary = {"step": step, "eval_before": history.get("eval_before", {}), "eval_after": last_eval,
              "warm_start": history.get("warm_start", {}), "stopped_early": step < num_steps}
   with open(os.path.join(workdir, "summary.json"), "w") as f:

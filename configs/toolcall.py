@@ -1,0 +1,25 @@
+"""Multi-hop QA with a search tool (the stand-in for the papers' retrieval agents).
+
+Run:
+  python -m experiments.train --config=configs/toolcall.py:algo=tree_grpo,model=tiny --workdir=runs/qa
+Smoke:
+  python -m experiments.train --config=configs/toolcall.py:algo=patr,smoke --workdir=runs/qa_smoke
+algo: grpo | rloo | chain | tree_grpo | patr | tree_random;  model: tiny | small | hf (with hf_path=...).
+"""
+
+from configs.common import apply_algo, apply_model, apply_smoke
+from tree_rl.config import base_config, lock, parse_arg
+
+
+def get_config(arg=None):
+  args = parse_arg(arg, algo="tree_grpo", model="tiny", hf_path="", smoke=False)
+  c = base_config()
+  c.env.name, c.env.preset = "toolcall", "default"
+  c.rollout.max_turns = c.env.max_turns = 6    # up to 3 hops of search, then the answer
+  apply_algo(c, args.algo)
+  apply_model(c, args.model, args.hf_path)
+  c.rollout.max_tokens_per_turn = 24            # <search>a few words</search> or <answer>name</answer>
+  c.sampler.kv_dtype = "float32" if args.model == "tiny" else c.sampler.kv_dtype
+  if args.smoke:
+    apply_smoke(c)
+  return lock(c)
