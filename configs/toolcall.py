@@ -20,6 +20,8 @@ def get_config(arg=None):
   apply_model(c, args.model, args.hf_path)
   c.rollout.max_tokens_per_turn = 24            # <search>a few words</search> or <answer>name</answer>
   c.sampler.kv_dtype = "float32" if args.model == "tiny" else c.sampler.kv_dtype
+  c.warmstart.max_len = 512                     # the question prompt alone is ~200 tokens
   if args.smoke:
     apply_smoke(c)
+    c.warmstart.max_len = 384
   return lock(c)

@@ -73,8 +73,8 @@ def frozenlake_tasks(config, tokenizer, directory) -> TaskSet:
   num_test = int(t.num_test_tasks) or sizes.num_test
   name = preset if (num_train, num_test, sizes.seed) == (10_000, 100, 42) else (
       f"{preset}_{num_train}_{num_test}_seed{sizes.seed}")
-  maps = FrozenLakeMapsConfig(name=name, preset=preset, num_train=num_train, num_test=num_test,
-                              seed=sizes.seed)
+  maps = name if name == preset else FrozenLakeMapsConfig(
+      name=name, preset=preset, num_train=num_train, num_test=num_test, seed=sizes.seed)
   FrozenLakeMaps(data_dir=directory, config=maps).download_and_prepare(file_format="array_record")
   load = lambda split: load_frozenlake_maps(directory, split, env, config=name)
   return TaskSet(env, env, load("train"), load("test"))

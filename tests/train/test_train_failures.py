@@ -1,5 +1,5 @@
-"""The RL loop end to end on tiny configs: smoke runs, exact resume after SIGKILL, NaN updates,
-impossible configs, deterministic evaluation."""
+"""The RL loop's failure handling: exact resume after SIGKILL, NaN updates, impossible configs,
+deterministic evaluation."""
 
 import json
 import os
@@ -13,49 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import frozenlake, toolcall
+from configs import frozenlake
 from tree_rl.checkpointing import Checkpointer
 from tree_rl.learner import advantages
 from tree_rl.metrics import read_jsonl
 from tree_rl.train import build_parts, train_and_evaluate
 from tree_rl.validation import ConfigError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("tfds"))
-
-
-def smoke(module, algo, data_dir, **overrides):
-  c = module.get_config(f"algo={algo},smoke")
-  c.env.data_dir = data_dir
-  for key, value in overrides.items():
-    section, field = key.split(".")
-    c[section][field] = value
-  return c
-
-
-def checkpoint_params(workdir, step):
-  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
-  assert step in ckpt.all_steps()
-  return ckpt.read(step)[0]["train"]["params"]
-
-
-@pytest.mark.parametrize("module,algo", [(frozenlake, "patr"), (toolcall, "tree_grpo")])
-def test_smoke_run_trains_and_evaluates(tmp_path, data_dir, module, algo):
-  summary = train_and_evaluate(smoke(module, algo, data_dir), str(tmp_path))
-  assert summary["step"] == 2 and not summary["stopped_early"]
-  rows = read_jsonl(os.path.join(str(tmp_path), "metrics.jsonl"))
-  steps = [r for r in rows if "learner/loss" in r]
-  assert [r["step"] for r in steps] == [1, 2]
-  for r in steps:
-    assert r["rollout/trajectories"] > 0 and r["learner/skipped"] == 0
-    assert r["rollout/budget/generated"] > 0 and np.isfinite(r["learner/loss"])
-  assert 0.0 <= summary["eval_after"]["eval/greedy_success"] <= 1.0
-  assert os.path.exists(os.path.join(str(tmp_path), "curves.png"))
-  assert os.listdir(os.path.join(str(tmp_path), "tensorboard"))
+from loop_helpers import ROOT, checkpoint_params, data_dir, smoke  # noqa: F401 (fixture)
 
 
 def test_nan_update_is_skipped_reported_and_never_saved(tmp_path, data_dir, capsys):

@@ -1,0 +1,31 @@
+"""Shared pieces of the RL-loop tests: smoke configs on a per-module TFDS directory."""
+
+import os
+
+import pytest
+
+from tree_rl.checkpointing import Checkpointer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("tfds"))
+
+
+def smoke(module, algo, data_dir, **overrides):
+  c = module.get_config(f"algo={algo},smoke")
+  c.env.data_dir = data_dir
+  for key, value in overrides.items():
+    section, field = key.split(".")
+    c[section][field] = value
+  return c
+
+
+def checkpoint_params(workdir, step):
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
+  assert step in ckpt.all_steps()
+  return ckpt.read(step)[0]["train"]["params"]
+
+

@@ -1,0 +1,33 @@
+"""Smoke runs of the RL loop: every rollout method on both environments, a couple of steps."""
+
+import os
+
+import numpy as np
+import pytest
+
+from configs import frozenlake, toolcall
+from tree_rl.metrics import read_jsonl
+from tree_rl.train import train_and_evaluate
+
+from loop_helpers import data_dir, smoke  # noqa: F401 (fixture)
+
+FAST = [(frozenlake, "patr"), (toolcall, "tree_grpo")]
+SLOW = [(frozenlake, "chain"), (frozenlake, "tree_grpo"), (frozenlake, "tree_random"),
+        (toolcall, "chain"), (toolcall, "patr"), (toolcall, "tree_random")]
+
+
+@pytest.mark.parametrize("module,algo", FAST + [pytest.param(m, a, marks=pytest.mark.slow) for m, a in SLOW])
+def test_smoke_run_trains_and_evaluates(tmp_path, data_dir, module, algo):
+  summary = train_and_evaluate(smoke(module, algo, data_dir), str(tmp_path))
+  assert summary["step"] == 2 and not summary["stopped_early"]
+  rows = read_jsonl(os.path.join(str(tmp_path), "metrics.jsonl"))
+  steps = [r for r in rows if "learner/loss" in r]
+  assert [r["step"] for r in steps] == [1, 2]
+  for r in steps:
+    assert r["rollout/trajectories"] > 0 and r["learner/skipped"] == 0
+    assert r["rollout/budget/generated"] > 0 and np.isfinite(r["learner/loss"])
+  assert 0.0 <= summary["eval_after"]["eval/greedy_success"] <= 1.0
+  assert os.path.exists(os.path.join(str(tmp_path), "curves.png"))
+  assert os.listdir(os.path.join(str(tmp_path), "tensorboard"))
+
+
