@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from tree_rl import envs
+from tree_rl.registry import Registry
 
 
 @dataclasses.dataclass
@@ -33,15 +34,9 @@ class TaskSet:
     return jax.tree.leaves(self.test_states)[0].shape[0]
 
 
-_BUILDERS: dict[str, Callable] = {}
-
-
-def register(env_name: str):
-  """Decorator: `fn(config, tokenizer, data_dir) -> TaskSet` for `config.env.name == env_name`."""
-  def deco(fn):
-    _BUILDERS[env_name] = fn
-    return fn
-  return deco
+_REGISTRY = Registry("task set", "config.env.name")
+register = _REGISTRY.register   # decorator: `fn(config, tokenizer, data_dir) -> TaskSet`
+names = _REGISTRY.names
 
 
 def data_dir(config) -> str:
@@ -51,10 +46,7 @@ def data_dir(config) -> str:
 def build(config, tokenizer) -> TaskSet:
   import tensorflow_datasets as tfds
   tfds.disable_progress_bar()
-  name = config.env.name
-  if name not in _BUILDERS:
-    raise KeyError(f"no task set for env {name!r} (config.env.name); known: {sorted(_BUILDERS)}")
-  return _BUILDERS[name](config, tokenizer, data_dir(config))
+  return _REGISTRY.get(config.env.name)(config, tokenizer, data_dir(config))
 
 
 def _env_kwargs(config) -> dict:

@@ -31,8 +31,8 @@ def validate(config, *, engine=None, layout=None) -> None:
          f"config.model.dtype={m.dtype!r} / param_dtype={m.param_dtype!r}; known: {sorted(DTYPES)}")
   _check(config.env.name in envs.registered(),
          f"config.env.name={config.env.name!r}; registered: {envs.registered()}")
-  _check(config.env.name in tasks._BUILDERS,
-         f"config.env.name={config.env.name!r} has no task set; known: {sorted(tasks._BUILDERS)}")
+  _check(config.env.name in tasks.names(),
+         f"config.env.name={config.env.name!r} has no task set; known: {tasks.names()}")
   t = config.train
   for field in ("num_steps", "ppo_epochs", "minibatches", "eval_every", "eval_samples"):
     _check(int(t[field]) >= 1, f"config.train.{field} must be >= 1, got {t[field]}")

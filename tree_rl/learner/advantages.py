@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from tree_rl.registry import Registry
+
 __all__ = ["TreeStructure", "register", "get", "names", "group_stats"]
 
 
@@ -49,32 +51,10 @@ class Estimator(Protocol):
     ...
 
 
-_REGISTRY: dict[str, Estimator] = {}
-
-
-def register(name: str) -> Callable[[Estimator], Estimator]:
-  """Decorator: `@register("my_adv")` makes `get("my_adv")` (and config `learner.advantage`) find it."""
-  if not isinstance(name, str) or not name:
-    raise ValueError(f"advantage estimator name must be a non-empty string, got {name!r}")
-
-  def deco(fn: Estimator) -> Estimator:
-    _REGISTRY[name] = fn
-    return fn
-
-  return deco
-
-
-def get(name: str) -> Estimator:
-  """The estimator registered under `name`; an unknown name raises with the known ones."""
-  try:
-    return _REGISTRY[name]
-  except KeyError:
-    raise KeyError(f"unknown advantage estimator {name!r}; known: {names()}") from None
-
-
-def names() -> list[str]:
-  """Sorted names of every registered estimator (used by config validation)."""
-  return sorted(_REGISTRY)
+_REGISTRY = Registry("advantage estimator", "config.learner.advantage")
+register = _REGISTRY.register   # decorator: `@register("my_adv")` makes get("my_adv") find it
+get = _REGISTRY.get
+names = _REGISTRY.names         # used by config validation
 
 
 # ---------------------------------------------------------------------------------------------

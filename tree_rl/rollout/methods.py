@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from tree_rl.rollout import routing
 from tree_rl.rollout.tree import Tree, gather
+from tree_rl.registry import Registry
 
 
 def alive(tree: Tree, nodes: jax.Array) -> jax.Array:
@@ -155,28 +156,10 @@ class PATR(Policy):
 
 
 Factory = Callable[[Any], Policy]
-_REGISTRY: dict[str, Factory] = {}
-
-
-def register(name: str):
-  """Decorator: `factory(rollout_config) -> Policy` selectable as config.rollout.method."""
-
-  def deco(factory):
-    _REGISTRY[name] = factory
-    return factory
-
-  return deco
-
-
-def get(name: str) -> Factory:
-  try:
-    return _REGISTRY[name]
-  except KeyError:
-    raise KeyError(f"unknown rollout method {name!r} (config.rollout.method); known: {names()}") from None
-
-
-def names() -> list[str]:
-  return sorted(_REGISTRY)
+_REGISTRY = Registry("rollout method", "config.rollout.method")
+register = _REGISTRY.register   # decorator: `factory(rollout_config) -> Policy`
+get = _REGISTRY.get
+names = _REGISTRY.names
 
 
 def _positive(rc, *fields):

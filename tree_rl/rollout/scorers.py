@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from tree_rl.registry import Registry
+
 
 @struct.dataclass
 class ScoreInput:
@@ -46,33 +48,10 @@ class ScoreFn(Protocol):
 
 
 Factory = Callable[..., ScoreFn]
-_REGISTRY: dict[str, Factory] = {}
-
-
-def register(name: str, overwrite: bool = True) -> Callable[[Factory], Factory]:
-  """Decorator registering a scorer factory `factory(cfg, **resources) -> score_fn`."""
-  if not isinstance(name, str) or not name:
-    raise ValueError(f"scorer name must be a non-empty string, got {name!r}")
-
-  def deco(factory: Factory) -> Factory:
-    if name in _REGISTRY and not overwrite:
-      raise ValueError(f"scorer {name!r} is already registered")
-    _REGISTRY[name] = factory
-    return factory
-
-  return deco
-
-
-def get(name: str) -> Factory:
-  try:
-    return _REGISTRY[name]
-  except KeyError:
-    raise KeyError(f"unknown process scorer {name!r} (config.scorer.name); "
-                   f"known: {names()}") from None
-
-
-def names() -> list[str]:
-  return sorted(_REGISTRY)
+_REGISTRY = Registry("process scorer", "config.scorer.name")
+register = _REGISTRY.register   # decorator: `factory(cfg, **resources) -> score_fn`
+get = _REGISTRY.get
+names = _REGISTRY.names
 
 
 def build(cfg, **resources) -> ScoreFn:
