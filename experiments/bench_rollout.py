@@ -80,7 +80,7 @@ def main(_):
   from tree_rl.models.tokenizers import BuiltinTokenizer
   from tree_rl.rollout import build as rbuild
   from tree_rl.rollout.driver import run
-  from tree_rl.rollout.engine import Engine, Layout
+  from tree_rl.rollout.engine import Layout
 
   tok = BuiltinTokenizer()
   model = build(tok)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 
-from tree_rl.models import Transformer, load_hf_checkpoint, save_hf_checkpoint
+from tree_rl.models import load_hf_checkpoint, save_hf_checkpoint
 from tree_rl.models.hf_io import CheckpointError
 
 FAMILIES = {

@@ -1,6 +1,5 @@
 """Round trips for the built-in and the HF tokenizer wrappers (no downloads)."""
 
-import os
 
 import pytest
 from hypothesis import given, settings, strategies as st

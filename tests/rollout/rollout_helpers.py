@@ -8,7 +8,6 @@ from flax import nnx
 
 from tree_rl.config import base_config
 from tree_rl.models.config import tiny
-from tree_rl.models.tokenizers import BuiltinTokenizer
 from tree_rl.models.transformer import Transformer
 
 

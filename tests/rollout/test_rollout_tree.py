@@ -1,6 +1,5 @@
 """Tree structure, root-to-leaf sequences and the packed form, on a hand-built tree."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx

@@ -2,16 +2,9 @@
 
 import os
 
-import pytest
-
 from tree_rl.checkpointing import Checkpointer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("tfds"))
 
 
 def smoke(module, algo, data_dir, **overrides):

@@ -20,7 +20,7 @@ from tree_rl.metrics import read_jsonl
 from tree_rl.train import build_parts, train_and_evaluate
 from tree_rl.validation import ConfigError
 
-from loop_helpers import ROOT, checkpoint_params, data_dir, smoke  # noqa: F401 (fixture)
+from loop_helpers import ROOT, checkpoint_params, smoke
 
 
 def test_nan_update_is_skipped_reported_and_never_saved(tmp_path, data_dir, capsys):

@@ -9,7 +9,7 @@ from configs import frozenlake, toolcall
 from tree_rl.metrics import read_jsonl
 from tree_rl.train import train_and_evaluate
 
-from loop_helpers import data_dir, smoke  # noqa: F401 (fixture)
+from loop_helpers import smoke
 
 FAST = [(frozenlake, "patr"), (toolcall, "tree_grpo")]
 SLOW = [(frozenlake, "chain"), (frozenlake, "tree_grpo"), (frozenlake, "tree_random"),

@@ -14,3 +14,8 @@ def tok():
 @pytest.fixture(scope="session")
 def rllm_env(tok):
   return envs.make("frozenlake", preset="rllm", tokenizer=tok)
+
+
+@pytest.fixture(scope="module")
+def small_env(tok):
+  return envs.make("frozenlake", preset="rllm", tokenizer=tok, max_size=4)

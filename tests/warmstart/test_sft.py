@@ -7,25 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tree_rl import config as config_lib
-from tree_rl import envs, warmstart
-from tree_rl.models import Transformer
-from tree_rl.models.config import tiny
+from tree_rl import warmstart
 
-
-@pytest.fixture(scope="module")
-def small_env(tok):
-  return envs.make("frozenlake", preset="rllm", tokenizer=tok, max_size=4)
-
-
-def _config(**overrides):
-  c = config_lib.base_config()
-  c.warmstart.update(overrides)
-  return config_lib.lock(c)
-
-
-def _model(tok, seed=0):
-  return Transformer(tiny(tok.vocab_size), rngs=nnx.Rngs(seed))
+from warmstart_helpers import _config, _model
 
 
 def test_sft_step_traces_once(tok, small_env):

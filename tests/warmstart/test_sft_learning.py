@@ -3,29 +3,11 @@ of the trained demos (a valid move closed by the end-of-turn token on all of the
 
 import jax
 import numpy as np
-import pytest
-from flax import nnx
 
-from tree_rl import config as config_lib
-from tree_rl import envs, warmstart
+from tree_rl import warmstart
 from tree_rl.envs import frozenlake as fl
-from tree_rl.models import Transformer
-from tree_rl.models.config import tiny
 
-
-@pytest.fixture(scope="module")
-def small_env(tok):
-  return envs.make("frozenlake", preset="rllm", tokenizer=tok, max_size=4)
-
-
-def _config(**overrides):
-  c = config_lib.base_config()
-  c.warmstart.update(overrides)
-  return config_lib.lock(c)
-
-
-def _model(tok, seed=0):
-  return Transformer(tiny(tok.vocab_size), rngs=nnx.Rngs(seed))
+from warmstart_helpers import _config, _model
 
 
 def test_sft_learns_first_moves(tok, small_env):

@@ -20,7 +20,7 @@ with a single valid member uses mean 0 and std 1, so its advantage is r / (1 + e
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp

@@ -297,7 +297,7 @@ def make_prm(cfg, *, lm=None, tokenizer=None, value_head=None, **_):
 def score_input(tree, node_ids: jax.Array, max_len: int, max_depth: int) -> ScoreInput:
   """The partial trajectories ending at `node_ids` [P, S] (-1: no branch), flattened to [P*S]."""
   from tree_rl.rollout.sequences import path_sequences
-  from tree_rl.rollout.tree import gather, gather_env, path_nodes
+  from tree_rl.rollout.tree import gather_env, path_nodes
 
   seqs = path_sequences(tree, node_ids, max_len, max_depth)
   paths = path_nodes(tree, max_depth)

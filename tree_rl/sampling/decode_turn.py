@@ -86,7 +86,6 @@ def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, st
   w = mp if window_pages is None else min(window_pages, mp)
   ns = shared_pages
   b = slots.shape[0]
-  dtype = model.dtype
   sl = jnp.clip(slots, 0, s - 1)
   uniq = C.first_occurrence(slots, valid, s)
   run0 = uniq & state.live[sl]
