@@ -3,10 +3,10 @@
 
 import pytest
 from hypothesis import given, settings, strategies as st
-from tokenizers import Tokenizer as RawTokenizer, models, pre_tokenizers, decoders, trainers
-from transformers import PreTrainedTokenizerFast
 
 from tree_rl.models import BuiltinTokenizer, HFTokenizer, make_tokenizer
+
+from local_hf_tokenizer import save_local_hf_tokenizer
 
 TEXTS = ["You are on a frozen lake.\nP_O\n_G_\nUp",
          "<search>capital of France</search> then <answer>Paris</answer>",
@@ -33,18 +33,7 @@ def test_builtin_words_are_single_tokens_and_chat():
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
-  raw = RawTokenizer(models.BPE(unk_token=None))
-  raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  raw.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-  raw.train_from_iterator(TEXTS * 20, trainer)
-  fast = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|endoftext|>")
-  fast.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-  path = str(tmp_path_factory.mktemp("hf_tok"))
-  fast.save_pretrained(path)
-  return path
+  return save_local_hf_tokenizer(TEXTS, str(tmp_path_factory.mktemp("hf_tok")), vocab_size=400)
 
 
 def test_hf_round_trip_and_chat(hf_dir):
