@@ -29,6 +29,9 @@ def get_config(arg=None):
   c.rollout.group_size = 4
   c.sampler.num_pages = 8192
   c.sampler.attention = "reference"   # fewest compiled shapes on CPU; "auto" on accelerators
+  # Per-leaf rows: their memory is bounded by (leaves x longest path); packed rows of 10-turn PATR
+  # trees ran out of host memory once in the block-sparse attention (see the issue notes).
+  c.learner.packed = False
   c.learner.learning_rate = 1e-3      # the papers' 1e-6 is for 0.5B+ pretrained policies; this is a 0.45M from-scratch one
   c.train.num_steps = 16
   c.train.eval_every = 8
