@@ -79,6 +79,12 @@ def _encode_batch(tok, texts, cap):
   return jnp.asarray(ids), jnp.asarray(lens)
 
 
+def _rates(env, p, init, n, action_fn, reply, batch) -> dict:
+  """Env steps per second for dynamics alone, + rendering, and a full parse-step-render turn."""
+  return {mode: batch * n / _time(_loop(env, p, init, n, action_fn, mode, reply), jax.random.key(1))
+          for mode in ("dynamics", "render", "turn")}
+
+
 def bench_frozenlake(tok, batch):
   env = envs.make("frozenlake", preset="rllm", tokenizer=tok)
   p = env.default_params
@@ -88,12 +94,7 @@ def bench_frozenlake(tok, batch):
                             env.max_reply_tokens)
   ids, lens = ids[:batch], lens[:batch]
   reply = lambda k: (jnp.roll(ids, jax.random.randint(k, (), 0, 5), 0), lens)
-  out = {}
-  for mode in ("dynamics", "render", "turn"):
-    n = _STEPS.value
-    dt = _time(_loop(env, p, init, n, action_fn, mode, reply), jax.random.key(1))
-    out[mode] = batch * n / dt
-  return out
+  return _rates(env, p, init, _STEPS.value, action_fn, reply, batch)
 
 
 def bench_toolcall(tok, batch):
@@ -107,12 +108,7 @@ def bench_toolcall(tok, batch):
   acts = jax.jit(jax.vmap(env.parse_action))(ids, lens)
   action_fn = lambda k: jax.tree.map(lambda x: jnp.roll(x, jax.random.randint(k, (), 0, 7), 0), acts)
   reply = lambda k: (jnp.roll(ids, jax.random.randint(k, (), 0, 7), 0), lens)
-  out = {}
-  for mode in ("dynamics", "render", "turn"):
-    n = _TOOL_STEPS.value
-    dt = _time(_loop(env, p, init, n, action_fn, mode, reply), jax.random.key(1))
-    out[mode] = batch * n / dt
-  return out
+  return _rates(env, p, init, _TOOL_STEPS.value, action_fn, reply, batch)
 
 
 def main(argv):
