@@ -1,0 +1,202 @@
+"""Sweep runs -> the exact locked configs `experiments.train` would build, and their checks.
+
+`build(run)` parses the run's own command-line arguments with the same absl config flag as
+`experiments.train` (the config file's `get_config(arg)` plus each `--config.` override), so a
+run that builds here starts the same way there. `check(run)` adds `tree_rl.validation` with the
+rollout's KV page pool (the engine is built from the env; no model, no data).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import pathlib
+from typing import Any, Iterable
+
+from experiments.sweeps.core import Run, Sweep, format_value
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PAGE_ROUNDING = 1024
+
+
+class SweepError(ValueError):
+  """A sweep run that cannot start; the message is one line naming the run and the field."""
+
+
+def _one_line(e: BaseException) -> str:
+  inner = e.args[0] if len(e.args) == 1 and isinstance(e.args[0], BaseException) else e
+  text = str(inner.args[0]) if isinstance(inner, KeyError) and inner.args else str(inner)
+  return " ".join(text.replace("\\n", " ").split())
+
+
+def _hint(e: BaseException) -> str:
+  """The text after a KeyError's quoted key, e.g. `Did you mean "temperature" ...?`."""
+  inner = e.args[0] if len(e.args) == 1 and isinstance(e.args[0], BaseException) else e
+  lines = str(inner.args[0] if inner.args else "").splitlines()
+  return " ".join(" ".join(lines[1:]).split())
+
+
+def _resolve(config_arg: str) -> str:
+  """The config argument with its file path made absolute (relative paths: the repo root)."""
+  path, sep, arg = config_arg.partition(":")
+  if not os.path.isabs(path) and not os.path.exists(path):
+    path = str(ROOT / path)
+  return path + sep + arg
+
+
+@functools.lru_cache(maxsize=None)
+def _config_module(path: str):
+  if not os.path.exists(path):
+    raise SweepError(f"config file {path!r} not found")
+  spec = importlib.util.spec_from_file_location("_sweep_config_" + pathlib.Path(path).stem, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def load_config(config_arg: str):
+  """`get_config(arg)` of `path.py:arg`, imported from the file (a locked ConfigDict)."""
+  path, _, arg = _resolve(config_arg).partition(":")
+  return _config_module(path).get_config(arg or None)
+
+
+def get_field(config, key: str) -> Any:
+  node = config
+  for part in key.split("."):
+    node = node[part]
+  return node
+
+
+def base_values(config_arg: str, keys: Iterable[str]) -> dict[str, Any]:
+  config = load_config(config_arg)
+  return {k: get_field(config, k) for k in keys}
+
+
+def one_trajectory_tokens(config_arg: str) -> int:
+  """Generated tokens one trajectory can take: max_turns x max_tokens_per_turn."""
+  r = load_config(config_arg).rollout
+  return int(r.max_turns) * int(r.max_tokens_per_turn)
+
+
+def _check_keys(run: Run, config) -> None:
+  for key, _ in run.overrides:
+    try:
+      get_field(config, key)
+    except (KeyError, AttributeError) as e:
+      hint = _hint(e)
+      raise SweepError(f"{run.sweep}/{run.name}: unknown config field --config.{key}"
+                       + (f" ({hint})" if hint else "")) from None
+
+
+def build(run: Run, root: str = "runs/sweeps"):
+  """The locked config of `python -m experiments.train <run.train_args(root)>`."""
+  from absl import flags
+  from ml_collections import config_flags
+
+  where = f"{run.sweep}/{run.name}"
+  try:
+    base = load_config(run.config)
+  except SweepError:
+    raise
+  except Exception as e:  # noqa: BLE001 - the config file's own error, as one line
+    raise SweepError(f"{where}: --config={run.config}: {_one_line(e)}") from None
+  _check_keys(run, base)
+  args = run.train_args(root)
+  argv = ["experiments.train", f"--config={_resolve(run.config)}", *args[1:]]
+  values = flags.FlagValues()
+  holder = config_flags.DEFINE_config_file("config", None, "config", flag_values=values,
+                                           lock_config=True, sys_argv=argv)
+  flags.DEFINE_string("workdir", "", "workdir", flag_values=values)
+  try:
+    values(argv)
+  except Exception as e:  # noqa: BLE001 - absl / ml_collections parse errors, as one line
+    raise SweepError(f"{where}: {_one_line(e)}") from None
+  config = holder.value
+  for key, want in run.overrides:
+    got = get_field(config, key)
+    if not isinstance(want, str) or isinstance(got, str):
+      if format_value(got) != format_value(want):
+        raise SweepError(f"{where}: --config.{key}={format_value(want)} parsed as {got!r}")
+  return config
+
+
+def _without_seed(config) -> str:
+  d = json.loads(config.to_json_best_effort())
+  d.pop("seed", None)
+  return json.dumps(d, sort_keys=True)
+
+
+_ENGINES: dict[str, tuple] = {}
+
+
+def _engine_parts(config):
+  """(engine, layout) of a config's rollout; runs that differ only in the seed share them."""
+  key = _without_seed(config)
+  if key not in _ENGINES:
+    _ENGINES[key] = _make_engine_parts(config)
+  return _ENGINES[key]
+
+
+def _make_engine_parts(config):
+  from tree_rl import envs
+  from tree_rl.models import build_tokenizer
+  from tree_rl.rollout import build as rollout_build
+  from tree_rl.rollout.engine import Layout
+
+  tokenizer = build_tokenizer(config)
+  env = envs.from_config(config.env, tokenizer, max_reply_tokens=int(config.rollout.max_tokens_per_turn))
+  policy = rollout_build.make_policy(config)
+  engine = rollout_build.make_engine(config, env, tokenizer, row_buckets="full", obs_buckets=False)
+  layout = Layout(int(config.rollout.prompts_per_step), policy.capacity(engine.max_turns),
+                  policy.slots, policy.num_trees)
+  return engine, layout
+
+
+def pages_needed(config) -> int:
+  """KV pages the rollout can need: the bound `tree_rl.validation` checks before training."""
+  engine, layout = _engine_parts(config)
+  page = int(config.sampler.page_size)
+  prompt_pages = -(-engine.prompt_capacity // page)
+  branch_pages = engine.pages_per_seq(page) - prompt_pages + 1
+  return layout.num_prompts * (prompt_pages + layout.slots * branch_pages)
+
+
+def check(run: Run, root: str = "runs/sweeps"):
+  """Build the run's config and validate it as training would before any compute."""
+  from tree_rl.validation import validate
+
+  config = build(run, root)
+  where = f"{run.sweep}/{run.name}"
+  try:
+    validate(config)
+    if config.model.preset != "hf":   # an HF tokenizer needs the checkpoint directory
+      engine, layout = _engine_parts(config)
+      validate(config, engine=engine, layout=layout)
+  except Exception as e:  # noqa: BLE001 - ConfigError and the builders' errors, as one line
+    raise SweepError(f"{where}: {_one_line(e)}") from None
+  return config
+
+
+def check_all(runs: Iterable[Run], root: str = "runs/sweeps") -> list:
+  return [check(r, root) for r in runs]
+
+
+def fit_pages(sweep: Sweep) -> Sweep:
+  """Raise `sampler.num_pages` (rounded up to PAGE_ROUNDING) in the entries whose rollout needs
+  more KV pages than their config has; the others are left as they are."""
+  entries = {}
+  for name in sweep.entries:
+    config = build(sweep.run(name, sweep.seeds[0]))
+    entry = dict(sweep.entries[name])
+    if config.model.preset != "hf":
+      need = pages_needed(config)
+      if need > int(config.sampler.num_pages):
+        entry["sampler.num_pages"] = -(-need // PAGE_ROUNDING) * PAGE_ROUNDING
+    entries[name] = entry
+  return sweep.replace(entries=entries)
+
+
+__all__ = ["SweepError", "base_values", "build", "check", "check_all", "fit_pages",
+           "load_config", "one_trajectory_tokens", "pages_needed"]
