@@ -29,9 +29,13 @@ import threading
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments import sweeps  # noqa: E402
-from experiments.sweeps.build import SweepError, check_all  # noqa: E402
-from experiments.sweeps.core import Run  # noqa: E402
+try:
+  import tree_rl.validation  # noqa: F401 - the project's dependencies are importable
+  from experiments import sweeps
+  from experiments.sweeps.build import SweepError, check_all
+  from experiments.sweeps.core import Run
+except ModuleNotFoundError as e:
+  sys.exit(f"error: {e}: run with the project's interpreter, e.g. .venv/bin/python launch/sweep.py ...")
 
 LOCAL, POD, SLURM = "launch/local.sh", "launch/tpu_pod.sh", "launch/slurm_gpu.sh"
 

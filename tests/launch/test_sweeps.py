@@ -1,0 +1,211 @@
+"""Sweeps: the declarative form, every run of every sweep building a valid locked config, the
+papers' ablation values, and clear failures for bad overrides."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from configs import frozenlake, toolcall
+from experiments import sweeps
+from experiments.sweeps.build import SweepError, build, check, check_all, pages_needed
+from experiments.sweeps.core import Sweep, axis, one_at_a_time
+from launch_helpers import REPO
+from tree_rl.validation import ConfigError, validate
+
+FL = "configs/frozenlake.py:algo=patr"
+
+
+def _field(config, dotted):
+  for part in dotted.split("."):
+    config = getattr(config, part)
+  return config
+
+
+# ------------------------------------------------------------------------------- the form
+
+def test_runs_expand_entries_times_seeds_with_the_seed_last():
+  sweep = Sweep("s", FL, {"a": {"rollout.expand_children": 3},
+                          "b": {"config": "configs/frozenlake.py:algo=tree_random",
+                                "rollout.score_every": 1, "rollout.temperature": 0.5}},
+                overrides={"rollout.score_every": 3, "train.num_steps": 2}, seeds=(4, 7))
+  runs = sweep.runs()
+  assert [r.name for r in runs] == ["a_seed4", "b_seed4", "a_seed7", "b_seed7"]
+  a4, b4 = runs[0], runs[1]
+  assert a4.config == FL and b4.config == "configs/frozenlake.py:algo=tree_random"
+  assert a4.overrides == (("rollout.score_every", 3), ("train.num_steps", 2),
+                          ("rollout.expand_children", 3), ("seed", 4))
+  assert dict(b4.overrides)["rollout.score_every"] == 1   # the entry's own value wins
+  assert b4.train_args("out") == [
+      "--config=configs/frozenlake.py:algo=tree_random", "--workdir=out/s/b_seed4",
+      "--config.rollout.score_every=1", "--config.train.num_steps=2",
+      "--config.rollout.temperature=0.5", "--config.seed=4"]
+  assert [r.seed for r in sweep.runs(seeds=[9])] == [9, 9]
+
+
+def test_form_rejects_bad_names_seed_overrides_and_value_types():
+  with pytest.raises(ValueError, match="name"):
+    Sweep("bad name", FL, {"a": {}})
+  with pytest.raises(ValueError, match="seeds come from"):
+    Sweep("s", FL, {"a": {"seed": 3}})
+  with pytest.raises(TypeError, match="use bool, int, float or str"):
+    Sweep("s", FL, {"a": {"rollout.max_turns": [1, 2]}})
+  with pytest.raises(ValueError, match="no entries"):
+    Sweep("s", FL, {})
+
+
+def test_axis_and_one_at_a_time_collapse_restated_base_values():
+  k = axis("K", "rollout.score_every", (1, 5))
+  assert k == {"K1": {"rollout.score_every": 1}, "K5": {"rollout.score_every": 5}}
+  keep = axis("keep", "rollout.keep_pruned", (True, False))
+  assert list(keep) == ["keeptrue", "keepfalse"]
+  entries = one_at_a_time({"rollout.score_every": 5, "rollout.keep_pruned": True}, k, keep)
+  assert entries == {"base": {}, "K1": {"rollout.score_every": 1},
+                     "keepfalse": {"rollout.keep_pruned": False}}
+
+
+# ----------------------------------------------------------------- every run of every sweep
+
+def test_every_run_of_every_sweep_builds_a_valid_locked_config():
+  names = sweeps.names()
+  assert {"patr_ablation", "tree_grpo_ablation", "budget_curve"} <= set(names)
+  workdirs = set()
+  for name in names:
+    sweep = sweeps.get(name)
+    assert sweep.name == name and sweep.seeds == (0, 1, 2)
+    runs = sweep.runs()
+    assert len(runs) == 3 * len(sweep.entries)
+    for run, config in zip(runs, check_all(runs)):
+      assert config.seed == run.seed
+      for key, value in run.overrides:
+        assert _field(config, key) == value, (run, key)
+      with pytest.raises(AttributeError):
+        config.rollout.not_a_field = 1          # locked
+      validate(config)
+      workdirs.add(run.workdir("runs/sweeps"))
+  assert len(workdirs) == sum(3 * len(sweeps.get(n).entries) for n in names)
+
+
+def test_patr_ablation_varies_one_factor_at_a_time():
+  base = frozenlake.get_config("algo=patr").rollout
+  sweep = sweeps.get("patr_ablation")
+  configs = {r.entry: c for r, c in zip(sweep.runs([0]), check_all(sweep.runs([0])))}
+  want = {"M3": ("rollout.expand_children", 3), "K1": ("rollout.score_every", 1),
+          "K3": ("rollout.score_every", 3), "top1": ("rollout.expand_top_k", 1),
+          "top4": ("rollout.expand_top_k", 4), "best_only": ("rollout.keep_pruned", False),
+          "judge": ("scorer.name", "judge")}
+  assert set(configs) == {"base", "random", *want}
+  knobs = ("expand_children", "score_every", "expand_top_k", "keep_pruned")
+  for entry, (key, value) in want.items():
+    c = configs[entry]
+    assert _field(c, key) == value and c.rollout.method == "patr"
+    for knob in knobs:                           # every other knob stays at the base value
+      if f"rollout.{knob}" != key:
+        assert c.rollout[knob] == base[knob], (entry, knob)
+  assert (base.expand_children, base.score_every, base.expand_top_k, base.keep_pruned) == (2, 5, 2, True)
+  assert configs["base"].scorer.name == "heuristic" and configs["base"].rollout.method == "patr"
+  assert configs["random"].rollout.method == "tree_random"
+
+
+def test_single_axis_sweeps_cover_the_papers_values():
+  def values(name, key):
+    return sorted(_field(c, key) for c in check_all(sweeps.get(name).runs([0])))
+  assert values("patr_expand", "rollout.expand_children") == [2, 3]
+  assert values("patr_interval", "rollout.score_every") == [1, 3, 5]
+  assert values("patr_topk", "rollout.expand_top_k") == [1, 2, 4]
+  assert values("patr_keep_pruned", "rollout.keep_pruned") == [False, True]
+  methods = [(c.rollout.method, c.scorer.name) for c in check_all(sweeps.get("patr_scorer").runs([0]))]
+  assert methods == [("patr", "heuristic"), ("patr", "judge"), ("tree_random", "heuristic")]
+  assert values("tree_grpo_advantage", "learner.advantage") == ["tree_grpo", "tree_inter", "tree_intra"]
+  assert values("toolcall_tree_grpo_advantage", "learner.advantage") == [
+      "tree_grpo", "tree_inter", "tree_intra"]
+  shapes = {(c.rollout.expand_nodes, c.rollout.expand_iterations)
+            for c in check_all(sweeps.get("tree_grpo_shape").runs([0]))}
+  assert shapes == {(1, 1), (2, 1), (4, 1), (2, 2), (2, 3)}
+  qa = check_all(sweeps.get("toolcall_patr_scorer").runs([0]))
+  assert {c.env.name for c in qa} == {"toolcall"} and {c.rollout.score_every for c in qa} == {2}
+
+
+@pytest.mark.parametrize("name,module", [("budget_curve", frozenlake), ("toolcall_budget_curve", toolcall)])
+def test_budget_curves_give_every_method_the_same_budget(name, module):
+  r = module.get_config("algo=grpo").rollout
+  one = r.max_turns * r.max_tokens_per_turn
+  sweep = sweeps.get(name)
+  seen = set()
+  for run, c in zip(sweep.runs([0]), check_all(sweep.runs([0]))):
+    algo, k = run.entry.rsplit("_b", 1)
+    k = int(k)
+    seen.add((algo, k))
+    assert c.rollout.budget == k * one and c.rollout.budget_unit == "generated"
+    assert c.rollout.method == {"grpo": "chain"}.get(algo, algo)
+    if algo == "grpo":
+      assert c.rollout.group_size == k and c.learner.advantage == "grpo"
+    elif algo == "tree_grpo":
+      m = c.rollout.num_trees
+      assert m == max(1, k // 2) and c.rollout.expand_nodes * c.rollout.expand_iterations == 2
+    else:
+      assert c.rollout.max_branches == 2 * k and c.rollout.initial_branches <= k
+  assert seen == {(a, k) for a in ("grpo", "tree_grpo", "patr", "tree_random") for k in (2, 4, 8, 16)}
+
+
+def test_page_pool_is_raised_only_where_the_rollout_needs_it():
+  sweep = sweeps.get("budget_curve")
+  raw = frozenlake.get_config("algo=patr")
+  for entry in ("patr_b16", "patr_b2"):
+    run = sweep.run(entry, 0)
+    config = check(run)
+    assert pages_needed(config) <= config.sampler.num_pages
+    overrides = dict(run.overrides)
+    if entry == "patr_b16":
+      # Without the raised pool the same run fails training's own page check.
+      assert overrides["sampler.num_pages"] > raw.sampler.num_pages
+      del overrides["sampler.num_pages"]
+      bare = Sweep("bare", run.config, {"e": {k: v for k, v in overrides.items() if k != "seed"}})
+      with pytest.raises(SweepError, match="config.sampler.num_pages=8192 is too small"):
+        check(bare.run("e", 0))
+    else:
+      assert "sampler.num_pages" not in overrides
+
+
+# ------------------------------------------------------------------------------ bad overrides
+
+@pytest.mark.parametrize("overrides,needles", [
+    ({"rollout.expand_chldren": 3}, ["bad/e_seed0", "--config.rollout.expand_chldren",
+                                     'Did you mean "expand_children"']),
+    ({"rolout.expand_children": 3}, ["--config.rolout.expand_children", 'Did you mean "rollout"']),
+    ({"rollout.max_turns": "ten"}, ["--config.rollout.max_turns=ten", "invalid literal"]),
+    ({"rollout.budget": 10}, ["config.rollout.budget=10", "less than one trajectory"]),
+    ({"scorer.name": "oracle"}, ["bad/e_seed0", "oracle"]),
+])
+def test_bad_overrides_fail_with_one_line_naming_the_run_and_field(overrides, needles):
+  run = Sweep("bad", FL, {"e": overrides}).run("e", 0)
+  with pytest.raises(SweepError) as err:
+    check(run)
+  message = str(err.value)
+  assert "\n" not in message
+  for needle in needles:
+    assert needle in message
+
+
+def test_registry_get_unknown_and_register():
+  with pytest.raises(KeyError, match="known: .*patr_ablation"):
+    sweeps.get("patr_ablaton")
+  sweeps.register("tmp_sweep", lambda: Sweep("tmp_sweep", FL, {"x": {"rollout.score_every": 2}}))
+  try:
+    assert "tmp_sweep" in sweeps.names()
+    assert sweeps.get("tmp_sweep").runs()[0].name == "x_seed0"
+  finally:
+    sweeps._FACTORIES.pop("tmp_sweep")
+    sweeps._BUILT.pop("tmp_sweep", None)
+
+
+# ------------------------------------------------------------------- parity with the trainer
+
+def test_train_builds_the_same_config_from_the_printed_arguments():
+  for name, entry in (("patr_ablation", "best_only"), ("budget_curve", "tree_grpo_b16")):
+    run = sweeps.get(name).run(entry, 2)
+    proc = subprocess.run([sys.executable, "-m", "experiments.train", *run.train_args("runs/sweeps"),
+                           "--print_config"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == json.loads(build(run).to_json_best_effort())
