@@ -18,10 +18,12 @@ Commands run from the repository root, so relative paths are relative to it.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import pathlib
 import posixpath
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -30,7 +32,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 try:
-  import tree_rl.validation  # noqa: F401 - the project's dependencies are importable
+  importlib.import_module("tree_rl.validation")   # the project's dependencies are importable
   from experiments import sweeps
   from experiments.sweeps.build import SweepError, check_all
   from experiments.sweeps.core import Run
@@ -38,6 +40,7 @@ except ModuleNotFoundError as e:
   sys.exit(f"error: {e}: run with the project's interpreter, e.g. .venv/bin/python launch/sweep.py ...")
 
 LOCAL, POD, SLURM = "launch/local.sh", "launch/tpu_pod.sh", "launch/slurm_gpu.sh"
+BASH = shutil.which("bash") or "bash"
 
 
 def parse_args(argv=None):
@@ -157,7 +160,7 @@ def execute(cmds: list[tuple[str, str]]) -> list[str]:
         continue
       with lock:
         print(f"[{n}/{total}] {cmd}", file=sys.stderr, flush=True)
-      rc = subprocess.run(cmd, shell=True, executable="/bin/bash", cwd=ROOT).returncode
+      rc = subprocess.run(cmd, shell=True, executable=BASH, cwd=ROOT).returncode
       if rc != 0:
         with lock:
           failed.append(f"exit {rc}: {cmd}")

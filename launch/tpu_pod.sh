@@ -17,16 +17,17 @@
 #   RUNTIME_VERSION    TPU VM image for create (default tpu-ubuntu2204-base)
 #   CREATE_FLAGS       more `tpu-vm create` flags, e.g. "--spot"
 #   CODE               scp (default) | git
-#   GIT_URL, GIT_REF   CODE=git: repository to clone on the workers and the ref to check out
+#   GIT_URL, GIT_REF   CODE=git: repository the workers clone and the ref they check out (default main)
 #   REMOTE_DIR         checkout directory on the workers, relative to home (default tree_rl)
 #   REMOTE_PYTHON      interpreter that makes the workers' venv; must be Python 3.11 or 3.12
 #                      (setup.py), e.g. python3.11 on images whose python3 is older (default python3)
 #   REMOTE_ENV         variables for the run on the workers, e.g. "LIBTPU_INIT_ARGS=... XLA_FLAGS=..."
 #   SKIP_SETUP=1       skip the copy and install (the slice already has this code installed)
-#   DELETE_AFTER=1     delete the slice when the run ends
+#   DELETE_AFTER=1     delete the slice when the script ends (also after a failed run)
 #   DRY_RUN=1          print the commands instead of running them (gcloud is not called)
-# Multi-host runs write checkpoints from every worker: give a --workdir all workers share
-# (e.g. gs://bucket/runs/x) for anything beyond a quick test.
+# Multi-host runs write checkpoints from every worker: for anything beyond a quick test give a
+# --workdir all workers share, e.g. a Filestore/NFS or gcsfuse mount (train writes its workdir
+# with plain file operations, so not a gs:// URL).
 set -euo pipefail
 
 die() { echo "error: $*" >&2; exit 1; }
@@ -65,6 +66,10 @@ elif "${describe[@]}" >/dev/null 2>&1; then
 else
   "${create[@]}"
 fi
+delete=("${TPU[@]}" delete "$TPU_NAME" "${LOC[@]}" --quiet)
+if [[ "${DELETE_AFTER:-0}" == 1 && "$DRY" != 1 ]]; then
+  trap '"${delete[@]}"' EXIT
+fi
 
 # 2. the code and its install on every worker
 if [[ "${SKIP_SETUP:-0}" != 1 ]]; then
@@ -97,6 +102,6 @@ fi
 args=$(show "$@" --config.mesh.distributed=true)
 on_all "cd $REMOTE_DIR && ${REMOTE_ENV:+$REMOTE_ENV }.venv/bin/python -m experiments.train $args"
 
-if [[ "${DELETE_AFTER:-0}" == 1 ]]; then
-  run "${TPU[@]}" delete "$TPU_NAME" "${LOC[@]}" --quiet
+if [[ "${DELETE_AFTER:-0}" == 1 && "$DRY" == 1 ]]; then
+  show "${delete[@]}"
 fi

@@ -130,6 +130,17 @@ def test_pod_creates_a_missing_slice_then_sets_up_and_runs(tmp_path):
                       f"--command={REMOTE_RUN}"]
 
 
+def test_pod_deletes_the_slice_after_a_failed_run(tmp_path):
+  log = tmp_path / "gcloud.jsonl"
+  path = tool_dir(tmp_path, ["dirname"], {"gcloud": recorder(log, {"--worker=all": 5})})
+  env = {**TPU_ENV, "SKIP_SETUP": "1", "DELETE_AFTER": "1"}
+  proc = run_script("launch/tpu_pod.sh", TRAIN_ARGS, path=path, env=env)
+  assert proc.returncode == 5
+  calls = read_log(log)
+  assert [c[3] for c in calls] == ["describe", "describe", "ssh", "delete"]
+  assert calls[-1] == ["compute", "tpus", "tpu-vm", "delete", "rl-pod", *LOC, "--quiet"]
+
+
 def test_pod_reuses_a_slice_and_copies_the_checkout(tmp_path):
   log = tmp_path / "gcloud.jsonl"
   path = tool_dir(tmp_path, ["dirname", "git", "tar", "gzip"], {"gcloud": recorder(log)})

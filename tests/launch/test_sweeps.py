@@ -12,7 +12,7 @@ from experiments import sweeps
 from experiments.sweeps.build import SweepError, build, check, check_all, pages_needed
 from experiments.sweeps.core import Sweep, axis, one_at_a_time
 from launch_helpers import REPO
-from tree_rl.validation import ConfigError, validate
+from tree_rl.validation import validate
 
 FL = "configs/frozenlake.py:algo=patr"
 
@@ -88,23 +88,28 @@ def test_every_run_of_every_sweep_builds_a_valid_locked_config():
 
 
 def test_patr_ablation_varies_one_factor_at_a_time():
-  base = frozenlake.get_config("algo=patr").rollout
+  base = frozenlake.get_config("algo=patr")
   sweep = sweeps.get("patr_ablation")
   configs = {r.entry: c for r, c in zip(sweep.runs([0]), check_all(sweep.runs([0])))}
-  want = {"M3": ("rollout.expand_children", 3), "K1": ("rollout.score_every", 1),
-          "K3": ("rollout.score_every", 3), "top1": ("rollout.expand_top_k", 1),
-          "top4": ("rollout.expand_top_k", 4), "best_only": ("rollout.keep_pruned", False),
-          "judge": ("scorer.name", "judge")}
+  papers = {"M2": ("rollout.expand_children", 2), "M3": ("rollout.expand_children", 3),
+            "K1": ("rollout.score_every", 1), "K3": ("rollout.score_every", 3),
+            "K5": ("rollout.score_every", 5), "top1": ("rollout.expand_top_k", 1),
+            "top2": ("rollout.expand_top_k", 2), "top4": ("rollout.expand_top_k", 4),
+            "keep_all": ("rollout.keep_pruned", True), "best_only": ("rollout.keep_pruned", False),
+            "heuristic": ("scorer.name", "heuristic"), "judge": ("scorer.name", "judge")}
+  # Values the base config already has are covered by the single `base` entry.
+  want = {e: kv for e, kv in papers.items() if _field(base, kv[0]) != kv[1]}
+  assert len(want) >= 7
   assert set(configs) == {"base", "random", *want}
-  knobs = ("expand_children", "score_every", "expand_top_k", "keep_pruned")
+  knobs = [k for k, _ in papers.values()]
   for entry, (key, value) in want.items():
     c = configs[entry]
     assert _field(c, key) == value and c.rollout.method == "patr"
     for knob in knobs:                           # every other knob stays at the base value
-      if f"rollout.{knob}" != key:
-        assert c.rollout[knob] == base[knob], (entry, knob)
-  assert (base.expand_children, base.score_every, base.expand_top_k, base.keep_pruned) == (2, 5, 2, True)
-  assert configs["base"].scorer.name == "heuristic" and configs["base"].rollout.method == "patr"
+      if knob != key:
+        assert _field(c, knob) == _field(base, knob), (entry, knob)
+  assert all(_field(configs["base"], k) == _field(base, k) for k in knobs)
+  assert configs["base"].rollout.method == "patr"
   assert configs["random"].rollout.method == "tree_random"
 
 
@@ -122,7 +127,9 @@ def test_single_axis_sweeps_cover_the_papers_values():
       "tree_grpo", "tree_inter", "tree_intra"]
   shapes = {(c.rollout.expand_nodes, c.rollout.expand_iterations)
             for c in check_all(sweeps.get("tree_grpo_shape").runs([0]))}
-  assert shapes == {(1, 1), (2, 1), (4, 1), (2, 2), (2, 3)}
+  r = frozenlake.get_config("algo=tree_grpo").rollout
+  assert shapes == ({(n, r.expand_iterations) for n in (1, 2, 4)}
+                    | {(r.expand_nodes, l) for l in (1, 2, 3)})
   qa = check_all(sweeps.get("toolcall_patr_scorer").runs([0]))
   assert {c.env.name for c in qa} == {"toolcall"} and {c.rollout.score_every for c in qa} == {2}
 
@@ -162,7 +169,7 @@ def test_page_pool_is_raised_only_where_the_rollout_needs_it():
       assert overrides["sampler.num_pages"] > raw.sampler.num_pages
       del overrides["sampler.num_pages"]
       bare = Sweep("bare", run.config, {"e": {k: v for k, v in overrides.items() if k != "seed"}})
-      with pytest.raises(SweepError, match="config.sampler.num_pages=8192 is too small"):
+      with pytest.raises(SweepError, match=f"config.sampler.num_pages={raw.sampler.num_pages} is too small"):
         check(bare.run("e", 0))
     else:
       assert "sampler.num_pages" not in overrides
