@@ -21,6 +21,7 @@ def get_config(arg=None):
   c.rollout.max_tokens_per_turn = 24            # <search>a few words</search> or <answer>name</answer>
   c.sampler.kv_dtype = "float32" if args.model == "tiny" else c.sampler.kv_dtype
   c.warmstart.max_len = 512                     # the question prompt alone is ~200 tokens
+  c.sampler.num_pages = 8192                    # patr / tree_random / grpo need up to 8,144 pages here
   if args.smoke:
     apply_smoke(c)
     c.warmstart.max_len = 384

@@ -18,6 +18,14 @@ def _check(ok: bool, message: str):
     raise ConfigError(message)
 
 
+def pages_needed(engine, layout, page_size: int) -> int:
+  """KV pages a rollout can hold at once: each prompt's prompt pages plus, per live branch,
+  its own pages of a longest branch (the partial page it shares is copied on fork)."""
+  prompt_pages = -(-engine.prompt_capacity // page_size)
+  branch_pages = engine.pages_per_seq(page_size) - prompt_pages + 1
+  return layout.num_prompts * (prompt_pages + layout.slots * branch_pages)
+
+
 def validate(config, *, engine=None, layout=None) -> None:
   """Check names against their registries and budgets against capacities.
 
@@ -56,9 +64,7 @@ def validate(config, *, engine=None, layout=None) -> None:
   if engine is not None and layout is not None:
     s = config.sampler
     page = int(s.page_size)
-    prompt_pages = -(-engine.prompt_capacity // page)
-    branch_pages = engine.pages_per_seq(page) - prompt_pages + 1
-    need = layout.num_prompts * (prompt_pages + layout.slots * branch_pages)
+    need = pages_needed(engine, layout, page)
     _check(int(s.num_pages) >= need,
            f"config.sampler.num_pages={s.num_pages} is too small for this rollout: "
            f"{layout.num_prompts} prompts (config.rollout.prompts_per_step) x {layout.slots} live "

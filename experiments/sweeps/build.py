@@ -156,11 +156,9 @@ def _make_engine_parts(config):
 
 def pages_needed(config) -> int:
   """KV pages the rollout can need: the bound `tree_rl.validation` checks before training."""
+  from tree_rl.validation import pages_needed as needed
   engine, layout = _engine_parts(config)
-  page = int(config.sampler.page_size)
-  prompt_pages = -(-engine.prompt_capacity // page)
-  branch_pages = engine.pages_per_seq(page) - prompt_pages + 1
-  return layout.num_prompts * (prompt_pages + layout.slots * branch_pages)
+  return needed(engine, layout, int(config.sampler.page_size))
 
 
 def check(run: Run, root: str = "runs/sweeps"):
