@@ -106,11 +106,11 @@ def _random_states(env, n, seed):
   return out
 
 
-@pytest.mark.parametrize("preset", ["rllm", "ragen"])
+@pytest.mark.parametrize("preset,hint", [("rllm", False), ("ragen", False), ("rllm_small", True)])
 @pytest.mark.parametrize("tok_name", ["builtin_tok", "hf_tok"])
-def test_render_device_equals_host(preset, tok_name, request):
+def test_render_device_equals_host(preset, hint, tok_name, request):
   tok = request.getfixturevalue(tok_name)
-  env = fl.FrozenLake(preset, tokenizer=tok)
+  env = fl.FrozenLake(preset, tokenizer=tok, goal_hint=hint)
   p = env.default_params
   prompt = jax.jit(jax.vmap(env.initial_prompt_tokens, in_axes=(0, None)))
   obs = jax.jit(jax.vmap(env.observation_tokens, in_axes=(0, 0, None)))
@@ -127,7 +127,7 @@ def test_render_device_equals_host(preset, tok_name, request):
       if k == 0:
         want = ft.initial_prompt_text(env, env.text.markup, s, p)
       else:
-        want = ft.observation_text(env.text.markup, s, p, bool(closed[i]))
+        want = ft.observation_text(env.text.markup, s, p, bool(closed[i]), hint)
       got = list(np.asarray(toks[i, :lens[i]]))
       assert tok.decode(got) == want
       assert got == tok.encode(want)      # the canonical tokenization of the same text
@@ -151,3 +151,10 @@ def test_missing_tokenizer_and_bad_options_name_the_field():
     fl.FrozenLake("rllm", p_min=0.9, p_max=0.5)
   with pytest.raises(ValueError, match="slipery"):
     fl.FrozenLake("rllm", slipery=True)
+
+
+def test_goal_hint_text():
+  assert ft.hint_text(2, 1) == "Goal: 2 Down, 1 Right.\n"
+  assert ft.hint_text(-3, 0) == "Goal: 3 Up.\n"
+  assert ft.hint_text(0, -1) == "Goal: 1 Left.\n"
+  assert ft.hint_text(0, 0) == "Goal: here.\n"

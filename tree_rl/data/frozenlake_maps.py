@@ -36,6 +36,7 @@ class FrozenLakeMaps(tfds.core.GeneratorBasedBuilder):
   code_path = _code_path
   RELEASE_NOTES = {"1.0.0": "First release."}
   BUILDER_CONFIGS = [FrozenLakeMapsConfig(name="rllm", preset="rllm"),
+                     FrozenLakeMapsConfig(name="rllm_small", preset="rllm_small"),
                      FrozenLakeMapsConfig(name="ragen", preset="ragen")]
 
   def _env(self):

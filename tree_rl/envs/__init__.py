@@ -15,7 +15,7 @@ from tree_rl.envs.base import Environment, repeat, restore, snapshot, take
 from tree_rl.envs.registry import from_config, make, register, registered
 from tree_rl.envs.frozenlake import FrozenLake, FrozenLakeParams, FrozenLakeState, distance_to_goal
 
-register("frozenlake", FrozenLake, config_fields=("preset", "max_turns"))
+register("frozenlake", FrozenLake, config_fields=("preset", "max_turns", "goal_hint"))
 from tree_rl.envs.toolcall import ToolAction, ToolCallEnv, ToolCallParams, ToolCallState
 from tree_rl.envs.toolcall_kb import KnowledgeBase, Question, generate_kb
 from tree_rl.envs.external_tool import ExternalTool

@@ -68,6 +68,10 @@ PRESETS = {
     "rllm": dict(params=dict(min_size=2, max_size=9, p_min=0.6, p_max=0.85, slippery=False,
                              max_steps=8, max_turns=10, format_penalty=0.0),
                  max_size=9, max_actions=1, action_format="last_word"),
+    # rLLM's rules on maps of side 2..5: episodes a 2-core CPU can train on in minutes.
+    "rllm_small": dict(params=dict(min_size=2, max_size=5, p_min=0.6, p_max=0.85, slippery=False,
+                                   max_steps=8, max_turns=10, format_penalty=0.0),
+                       max_size=5, max_actions=1, action_format="last_word"),
     # RAGEN: 4x4, p = 0.8, slippery, up to 2 moves per turn in <answer>..</answer>, 5 turns.
     "ragen": dict(params=dict(min_size=4, max_size=4, p_min=0.8, p_max=0.8, slippery=True,
                               max_steps=10, max_turns=5, format_penalty=-0.1),
@@ -172,7 +176,9 @@ class FrozenLake(Environment):
   """FrozenLake with static set-up (max map side, moves per turn, action text format, tokenizer).
 
   `FrozenLake(preset="rllm" | "ragen", tokenizer=None, **overrides)`; overrides may name any
-  FrozenLakeParams field or max_size / max_actions / action_format / max_reply_tokens.
+  FrozenLakeParams field or max_size / max_actions / action_format / max_reply_tokens / goal_hint
+  (goal_hint: every observation also says where the goal lies relative to the player, e.g.
+  "Goal: 2 Down, 1 Right." -- an aid for policies too small to read the grid; off in the presets).
   Token methods (`initial_prompt_tokens`, `observation_tokens`, `parse_action`) need a tokenizer.
   """
 
@@ -184,7 +190,7 @@ class FrozenLake(Environment):
       raise ValueError(f"unknown frozenlake preset {preset!r} (config.env.preset); known: {sorted(PRESETS)}")
     spec = PRESETS[preset]
     fields = {f.name for f in dataclasses.fields(FrozenLakeParams)}
-    statics = {"max_size", "max_actions", "action_format"}
+    statics = {"max_size", "max_actions", "action_format", "goal_hint"}
     unknown = set(overrides) - fields - statics
     if unknown:
       raise ValueError(f"unknown frozenlake option(s) {sorted(unknown)}; known: "
@@ -193,6 +199,7 @@ class FrozenLake(Environment):
     self.max_size = int(overrides.get("max_size", max(spec["max_size"], p["max_size"])))
     self.max_actions = int(overrides.get("max_actions", spec["max_actions"]))
     self.action_format = overrides.get("action_format", spec["action_format"])
+    self.goal_hint = bool(overrides.get("goal_hint", False))
     self.preset = preset
     _validate(p, self.max_size, self.max_actions, self.action_format)
     self._params = FrozenLakeParams(**{k: jnp.asarray(v) for k, v in p.items()})

@@ -4,6 +4,7 @@ Observation text (the user message):
     [instructions on the first turn | a status line after a turn]
     the grid, one row per line, cells separated by spaces:
       P player, _ frozen, O hole, G goal, X player in a hole, V player on the goal
+    with goal_hint: where the goal lies from the player, e.g. "Goal: 2 Down, 1 Right." ("Goal: here.")
     "Remaining steps: N"
 
 Action rules (on the reply's UTF-8 bytes, the first `env.reply_byte_capacity(T)` of a T-token reply:
@@ -50,6 +51,13 @@ def instructions(action_format: str, max_actions: int) -> str:
           "Moves: Up, Down, Left, Right.\n\n")
 
 
+def hint_text(down: int, right: int) -> str:
+  """Where the goal lies from the player: "Goal: 2 Down, 1 Right.\n", "Goal: here.\n"."""
+  parts = [f"{abs(n)} {word}" for n, word in ((down, "Down" if down > 0 else "Up"),
+                                              (right, "Right" if right > 0 else "Left")) if n]
+  return "Goal: " + (", ".join(parts) if parts else "here") + ".\n"
+
+
 def steps_text(n: int) -> str:
   return f"Remaining steps: {n}"
 
@@ -77,21 +85,27 @@ def host_grid(state) -> np.ndarray:
   return grid
 
 
-def content_text(state, params, head: str) -> str:
+def content_text(state, params, head: str, goal_hint: bool = False) -> str:
   grid = host_grid(state)
   remaining = max(int(params.max_steps) - int(state.steps), 0)
-  return head + grid_text(grid, int(state.nrow), int(state.ncol)) + steps_text(remaining)
+  hint = ""
+  if goal_hint:
+    goal = np.argwhere(np.asarray(state.tiles) == fl.GOAL)[0]
+    down, right = (int(g) - int(p) for g, p in zip(goal, np.asarray(state.pos)))
+    hint = hint_text(down, right)
+  return head + grid_text(grid, int(state.nrow), int(state.ncol)) + hint + steps_text(remaining)
 
 
 def initial_prompt_text(env, markup: tx.ChatMarkup, state, params) -> str:
   head = instructions(env.action_format, env.max_actions)
-  return markup.prompt_prefix + content_text(state, params, head) + markup.gen_suffix
+  return markup.prompt_prefix + content_text(state, params, head, env.goal_hint) + markup.gen_suffix
 
 
-def observation_text(markup: tx.ChatMarkup, state, params, turn_closed: bool) -> str:
+def observation_text(markup: tx.ChatMarkup, state, params, turn_closed: bool,
+                     goal_hint: bool = False) -> str:
   between = markup.between_closed if turn_closed else markup.between_open
   head = STATUS_TEXT[int(state.status)]
-  return between + content_text(state, params, head) + markup.gen_suffix
+  return between + content_text(state, params, head, goal_hint) + markup.gen_suffix
 
 
 _WORD_RE = re.compile(rb"(?<![A-Za-z])(Left|Down|Right|Up)(?![A-Za-z])")
@@ -144,9 +158,12 @@ class FrozenLakeText:
     self.numbers = tx.FragmentTable.build(tokenizer, [steps_text(n) for n in range(_NUMBERS)],
                                           self.pad_id)
     self.bytes = tx.ByteTable.from_tokenizer(tokenizer)
+    m = env.max_size
+    offsets = [(d, r) for d in range(1 - m, m) for r in range(1 - m, m)]   # index (d+m-1)*(2m-1)+r+m-1
+    self.hints = tx.FragmentTable.build(tokenizer, [hint_text(d, r) for d, r in offsets], self.pad_id)
     wl = self.wide.lengths
     grid_cap = env.max_size * env.max_size * self.cells.max_length()
-    tail = self.numbers.max_length() + int(wl[3])
+    tail = self.numbers.max_length() + int(wl[3]) + (self.hints.max_length() if env.goal_hint else 0)
     self.prompt_capacity = int(wl[0] + wl[4]) + grid_cap + tail
     self.obs_capacity = int(max(wl[1], wl[2]) + wl[self._status0:].max()) + grid_cap + tail
 
@@ -165,10 +182,15 @@ class FrozenLakeText:
     wt, wl = jnp.asarray(self.wide.tokens), jnp.asarray(self.wide.lengths)
     head_ids = jnp.stack(head_ids)
     remaining = jnp.clip(params.max_steps - state.steps, 0, _NUMBERS - 1)
-    groups = [(wt[head_ids], wl[head_ids]), self._grid_groups(state),
-              (jnp.asarray(self.numbers.tokens)[remaining][None],
-               jnp.asarray(self.numbers.lengths)[remaining][None]),
-              (wt[3][None], wl[3][None])]
+    groups = [(wt[head_ids], wl[head_ids]), self._grid_groups(state)]
+    if self.env.goal_hint:
+      m = self.env.max_size
+      d = fl.goal_position(state) - state.pos + (m - 1)
+      i = d[0] * (2 * m - 1) + d[1]
+      groups.append((jnp.asarray(self.hints.tokens)[i][None], jnp.asarray(self.hints.lengths)[i][None]))
+    groups += [(jnp.asarray(self.numbers.tokens)[remaining][None],
+                jnp.asarray(self.numbers.lengths)[remaining][None]),
+               (wt[3][None], wl[3][None])]
     return tx.concat_segments(groups, capacity, self.pad_id)
 
   def initial_prompt_tokens(self, state, params):
