@@ -48,12 +48,12 @@ def read_jsonl(path: str) -> list[dict]:
 
 
 def plot_curves(rows: Iterable[dict], keys: Iterable[str], path: str, title: str = ""):
-  """One panel per key (value against step) written to a PNG."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  """One panel per key (value against step) written to a PNG (a bare Figure: the caller's
+  matplotlib backend, e.g. a notebook's inline one, is left alone)."""
+  from matplotlib.figure import Figure
   rows, keys = list(rows), [k for k in keys]
-  fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3), squeeze=False)
+  fig = Figure(figsize=(4 * len(keys), 3))
+  axes = fig.subplots(1, len(keys), squeeze=False)
   for ax, key in zip(axes[0], keys):
     points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
     if points:
@@ -64,4 +64,3 @@ def plot_curves(rows: Iterable[dict], keys: Iterable[str], path: str, title: str
     fig.suptitle(title)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
-  plt.close(fig)
