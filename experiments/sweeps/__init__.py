@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from experiments.sweeps import budget, patr, tree_grpo
+from experiments.sweeps import budget, patr, report, tree_grpo
 from experiments.sweeps.core import CONFIG_KEY, Run, Sweep, axis, format_value, one_at_a_time
 
-_FACTORIES: dict[str, Callable[[], Sweep]] = {**patr.SWEEPS, **tree_grpo.SWEEPS, **budget.SWEEPS}
+_FACTORIES: dict[str, Callable[[], Sweep]] = {**patr.SWEEPS, **tree_grpo.SWEEPS, **budget.SWEEPS,
+                                               **report.SWEEPS}
 _BUILT: dict[str, Sweep] = {}
 
 

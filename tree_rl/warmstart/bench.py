@@ -24,6 +24,7 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--env", default="frozenlake")
   ap.add_argument("--preset", default="rllm")
+  ap.add_argument("--goal_hint", action="store_true", help="FrozenLake: observations name the goal's offset")
   ap.add_argument("--model", default="tiny")
   ap.add_argument("--steps", type=int, default=100)
   ap.add_argument("--batch_size", type=int, default=16)
@@ -39,6 +40,7 @@ def main(argv=None):
 
   c = config_lib.base_config()
   c.env.name, c.env.preset, c.model.preset = args.env, args.preset, args.model
+  c.env.goal_hint = args.goal_hint
   for k in ("steps", "batch_size", "max_len", "num_demos", "epsilon", "learning_rate",
             "warmup_steps", "eval_every"):
     c.warmstart[k] = getattr(args, k)
