@@ -232,6 +232,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   """Run (or resume) the experiment in `workdir`; returns the final evaluation metrics."""
   os.makedirs(workdir, exist_ok=True)
   parts = build_parts(config)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort(indent=2))
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=int(config.checkpoint.keep),
                       best_metric="eval/greedy_success")
   writer = MetricsWriter(workdir, tensorboard=bool(config.logging.tensorboard))

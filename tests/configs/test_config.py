@@ -7,6 +7,9 @@ import sys
 import pytest
 
 from configs import frozenlake
+from configs.common import ALGOS
+from experiments.sweeps import build as sweep_build
+from experiments.sweeps.core import Run
 from tree_rl.config import parse_arg
 
 SECTIONS = {"model", "tokenizer", "env", "sampler", "rollout", "learner", "mesh", "checkpoint", "logging"}
@@ -52,3 +55,15 @@ def test_cli_unknown_override_is_one_clear_line():
   assert proc.returncode == 2
   assert "Did you mean \"temperature\"" in proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("path", ["configs/frozenlake.py", "configs/toolcall.py"])
+@pytest.mark.parametrize("algo", sorted(ALGOS))
+@pytest.mark.parametrize("variant", ["model=tiny", "model=small", "smoke"])
+def test_every_config_builds_and_validates(path, algo, variant):
+  """Each family x algo x model/smoke is a locked config that passes the full pre-compute
+  validation (names, budgets and the KV page pool of its rollout)."""
+  config = sweep_build.check(Run("configs", "x", 0, f"{path}:algo={algo},{variant}", ()))
+  assert (config.rollout.method, config.learner.advantage) == ALGOS[algo]
+  with pytest.raises(AttributeError):
+    config.rollout.not_a_field = 1
