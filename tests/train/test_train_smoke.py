@@ -11,12 +11,10 @@ from tree_rl.train import train_and_evaluate
 
 from loop_helpers import smoke
 
-FAST = [(frozenlake, "patr"), (toolcall, "tree_grpo")]
-SLOW = [(frozenlake, "chain"), (frozenlake, "tree_grpo"), (frozenlake, "tree_random"),
-        (toolcall, "chain"), (toolcall, "patr"), (toolcall, "tree_random")]
+METHODS = ["chain", "tree_grpo", "patr", "tree_random"]
 
 
-@pytest.mark.parametrize("module,algo", FAST + [pytest.param(m, a, marks=pytest.mark.slow) for m, a in SLOW])
+@pytest.mark.parametrize("module,algo", [(m, a) for m in (frozenlake, toolcall) for a in METHODS])
 def test_smoke_run_trains_and_evaluates(tmp_path, data_dir, module, algo):
   summary = train_and_evaluate(smoke(module, algo, data_dir), str(tmp_path))
   assert summary["step"] == 2 and not summary["stopped_early"]

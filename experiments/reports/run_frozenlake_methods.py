@@ -1,0 +1,74 @@
+"""Run the `frozenlake_methods` sweep with one warm start per seed, then build the report.
+
+    python -m experiments.reports.run_frozenlake_methods --parallel 2 -- --config.train.num_steps=12
+
+The four methods of one seed start from the same warm-start checkpoint: the warm start depends on
+the seed and `config.warmstart` only, so the first method's run computes it and the others resume
+from a copy of its step-0 checkpoint (and step-0 eval row), which continues exactly as a run from
+scratch would (resume is bitwise exact). Seeds run in parallel processes; arguments after `--`
+are added to every run (e.g. a shorter schedule). Finally `make_frozenlake_report` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from experiments import sweeps
+from experiments.reports import make_frozenlake_report
+
+
+def _train(run, root, extra, log):
+  cmd = [sys.executable, "-m", "experiments.train", *run.train_args(root), *extra,
+         "--config.logging.progress_bar=false"]
+  with open(log, "w") as f:
+    subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=True)
+
+
+def _seed_share(src: str, dst: str):
+  """Give `dst` the warm start of `src`: its step-0 checkpoint and step-0 eval row."""
+  os.makedirs(os.path.join(dst, "checkpoints"), exist_ok=True)
+  shutil.copytree(os.path.join(src, "checkpoints", "0"), os.path.join(dst, "checkpoints", "0"))
+  with open(os.path.join(src, "metrics.jsonl")) as f:
+    first = next(line for line in f if json.loads(line)["step"] == 0)
+  with open(os.path.join(dst, "metrics.jsonl"), "w") as f:
+    f.write(first)
+
+
+def run_seed(runs: list, root: str, extra: list[str]):
+  first, *rest = runs
+  for i, run in enumerate(runs):
+    workdir = run.workdir(root)
+    if os.path.exists(os.path.join(workdir, "summary.json")):
+      continue
+    if i and not os.path.exists(workdir):
+      _seed_share(first.workdir(root), workdir)
+    os.makedirs(workdir, exist_ok=True)
+    _train(run, root, extra, os.path.join(workdir, "train.log"))
+    print(f"done {run.sweep}/{run.name}", flush=True)
+
+
+def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
+  extra = argv[argv.index("--") + 1:] if "--" in argv else []
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--sweep", default="frozenlake_methods")
+  ap.add_argument("--root", default="runs/sweeps")
+  ap.add_argument("--parallel", type=int, default=1, help="seeds run at once")
+  args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+  by_seed = {}
+  for run in sweeps.get(args.sweep).runs():
+    by_seed.setdefault(run.seed, []).append(run)
+  with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+    for f in [pool.submit(run_seed, runs, args.root, extra) for runs in by_seed.values()]:
+      f.result()
+  make_frozenlake_report.main(["--root", os.path.join(args.root, args.sweep)])
+
+
+if __name__ == "__main__":
+  main()
