@@ -28,7 +28,7 @@ EVALS = ("eval/greedy_success", "eval/sampled_success")
 _RUN = re.compile(r"^(?P<method>.+)_seed(?P<seed>\d+)$")
 
 
-def load_run(directory: str) -> dict:
+def load_run(directory: str, seed: int = 0) -> dict:
   """Per-step budget, the eval curves against cumulative budget, and the summary of one run."""
   with open(os.path.join(directory, "config.json")) as f:
     config = json.load(f)
@@ -41,7 +41,7 @@ def load_run(directory: str) -> dict:
   evals = {k: [(spent[r["step"]], r[k]) for r in rows if k in r and r["step"] in spent] for k in EVALS}
   train = [(r["step"], r["rollout/success_rate"]) for r in rows if "rollout/success_rate" in r]
   return dict(evals=evals, train=train, budget_per_step=float(np.mean(list(step_budget.values()))),
-              steps=max(spent))
+              steps=max(spent), seed=seed)
 
 
 def load_sweep(root: str) -> dict:
@@ -50,15 +50,18 @@ def load_sweep(root: str) -> dict:
   for name in sorted(os.listdir(root)):
     m = _RUN.match(name)
     if m and os.path.exists(os.path.join(root, name, "summary.json")):
-      runs[m["method"]].append(load_run(os.path.join(root, name)))
+      runs[m["method"]].append(load_run(os.path.join(root, name), int(m["seed"])))
   return dict(runs)
 
 
-def mean_curve(runs: list, key: str):
-  """(budget, mean, low, high) at each eval point shared by all seeds."""
+def mean_curve(runs: list, key: str, gain: bool = False):
+  """(budget, mean, low, high) at each eval point shared by all seeds; `gain`: each run's value
+  minus its own warm-start (step 0) value, so seeds with different warm starts compare fairly."""
   n = min(len(r["evals"][key]) for r in runs)
   xs = np.array([[p[0] for p in r["evals"][key][:n]] for r in runs])
   ys = np.array([[p[1] for p in r["evals"][key][:n]] for r in runs])
+  if gain:
+    ys = ys - ys[:, :1]
   return xs.mean(0), ys.mean(0), ys.min(0), ys.max(0)
 
 
@@ -76,15 +79,15 @@ def plot(runs: dict, out_dir: str) -> list[str]:
     fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
     for method, rs in runs.items():
-      x, y, lo, hi = mean_curve(rs, key)
+      x, y, lo, hi = mean_curve(rs, key, gain=True)
       ax.plot(x, y, marker="o", label=f"{LABELS.get(method, method)} ({len(rs)} seeds)")
       ax.fill_between(x, lo, hi, alpha=0.15)
     ax.set_xlabel("rollout tokens computed per prompt (generated + prefilled), cumulative")
-    ax.set_ylabel(key)
-    ax.set_title(f"FrozenLake: {key.split('/')[1]} vs rollout budget")
+    ax.set_ylabel(f"{key} minus the warm start's")
+    ax.set_title(f"FrozenLake: {key.split('/')[1]} gain vs rollout budget")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    name = f"frozenlake_{key.split('/')[1]}_vs_budget.png"
+    name = f"frozenlake_{key.split('/')[1]}_gain_vs_budget.png"
     fig.savefig(os.path.join(out_dir, name), dpi=100)
     files.append(name)
   fig = Figure(figsize=(6, 4))
@@ -101,26 +104,40 @@ def plot(runs: dict, out_dir: str) -> list[str]:
   return files + ["frozenlake_train_success.png"]
 
 
+def _paired(runs: dict, methods: tuple, key: str):
+  """Gain curves of `methods` over the seeds they all have (paired by warm start), and those seeds."""
+  seeds = sorted(set.intersection(*({r["seed"] for r in runs[m]} for m in methods)))
+  if not seeds:
+    return None, seeds
+  return {m: mean_curve([r for r in runs[m] if r["seed"] in seeds], key, gain=True)
+          for m in methods}, seeds
+
+
 def claims(runs: dict, key: str) -> list[str]:
-  """The papers' claims checked on the measured mean curves (True/False/None if not measurable)."""
-  curves = {m: mean_curve(rs, key) for m, rs in runs.items()}
+  """The papers' claims checked on the measured gains over each seed's warm start, averaged over
+  the seeds every compared method has, at equal cumulative budget (linear interpolation)."""
   out = []
-  if {"patr", "tree_random", "grpo"} <= set(curves):
-    b = min(c[0][-1] for m, c in curves.items() if m in ("patr", "tree_random", "grpo"))
-    v = {m: at_budget(curves[m], b) for m in ("patr", "tree_random", "grpo")}
+  trio = ("patr", "tree_random", "grpo")
+  curves, seeds = _paired(runs, trio, key) if set(trio) <= set(runs) else (None, [])
+  if curves:
+    b = min(c[0][-1] for c in curves.values())
+    v = {m: at_budget(curves[m], b) for m in trio}
     holds = v["patr"] > v["tree_random"] > v["grpo"]
-    out.append(f"- PATR > Tree-Random > GRPO at equal budget ({b:,.0f} tokens per prompt): "
+    out.append(f"- PATR > Tree-Random > GRPO at equal budget ({b:,.0f} tokens per prompt; gain over "
+               f"the warm start, seeds {seeds}): "
                f"PATR {v['patr']:.3f}, Tree-Random {v['tree_random']:.3f}, GRPO {v['grpo']:.3f} -> "
                f"**{'holds' if holds else 'does not hold'}** (PATR - GRPO = "
                f"{100 * (v['patr'] - v['grpo']):+.1f} points; the PATR paper reports +9.3).")
-  if {"tree_grpo", "grpo"} <= set(curves):
+  curves, seeds = _paired(runs, ("tree_grpo", "grpo"), key) if {"tree_grpo", "grpo"} <= set(runs) \
+      else (None, [])
+  if curves:
     full = curves["grpo"][0][-1]
     tree_q, chain_full = at_budget(curves["tree_grpo"], full / 4), curves["grpo"][1][-1]
     holds = tree_q >= chain_full
     out.append(f"- Tree-GRPO at a quarter of the budget ({full / 4:,.0f}) >= chain GRPO at full "
-               f"budget ({full:,.0f}): {tree_q:.3f} vs {chain_full:.3f} -> "
-               f"**{'holds' if holds else 'does not hold'}**.")
-  if "tree_grpo_intra" in curves:
+               f"budget ({full:,.0f}) (gain over the warm start, seeds {seeds}): {tree_q:+.3f} vs "
+               f"{chain_full:+.3f} -> **{'holds' if holds else 'does not hold'}**.")
+  if "tree_grpo_intra" in runs:
     spread = [float(np.std([p[1] for p in r["evals"][key]])) for r in runs["tree_grpo_intra"]]
     both = [float(np.std([p[1] for p in r["evals"][key]])) for r in runs.get("tree_grpo", [])]
     out.append(f"- Intra-only advantages with N=2: eval std over a run {np.mean(spread):.3f} vs "
@@ -130,14 +147,17 @@ def claims(runs: dict, key: str) -> list[str]:
 
 def table(runs: dict) -> list[str]:
   lines = ["| method | seeds | steps | tokens / prompt / step | greedy before | greedy after | "
-           "sampled before | sampled after |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "greedy gain | sampled before | sampled after | sampled gain |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for method, rs in runs.items():
     cells = []
     for key in EVALS:
       before = [r["evals"][key][0][1] for r in rs]
       after = [r["evals"][key][-1][1] for r in rs]
-      cells += [f"{np.mean(before):.3f} ± {np.std(before):.3f}", f"{np.mean(after):.3f} ± {np.std(after):.3f}"]
-    lines.append(f"| {LABELS.get(method, method)} | {len(rs)} | {rs[0]['steps']} | "
+      gain = np.subtract(after, before)
+      cells += [f"{np.mean(before):.3f} ± {np.std(before):.3f}", f"{np.mean(after):.3f} ± {np.std(after):.3f}",
+                f"{np.mean(gain):+.3f} ± {np.std(gain):.3f}"]
+    lines.append(f"| {LABELS.get(method, method)} | {sorted(r['seed'] for r in rs)} | {rs[0]['steps']} | "
                  f"{np.mean([r['budget_per_step'] for r in rs]):,.0f} | " + " | ".join(cells) + " |")
   return lines
 
