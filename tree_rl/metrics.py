@@ -37,6 +37,16 @@ class MetricsWriter:
         self._tb.add_scalar(k, v, int(step))
       self._tb.flush()
 
+  def truncate_after(self, step: int):
+    """Drop the JSONL rows of steps after `step` (a run resumed from checkpoint `step` writes
+    them again), so the log holds each step once."""
+    if not os.path.exists(self.path):
+      return
+    with open(self.path) as f:
+      keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+    with open(self.path, "w") as f:
+      f.writelines(keep)
+
   def close(self):
     if self._tb is not None:
       self._tb.close()

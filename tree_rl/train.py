@@ -258,6 +258,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     train_state, ref_params = state["train"], state["ref_params"]
     history = saved.get("history", {})
     cache = new_cache(parts, train_state.params)
+    writer.truncate_after(step)
     print(f"resumed from {ckpt.directory} at step {step}")
   num_steps = int(config.train.num_steps)
   bar = _progress(config, num_steps, step)

@@ -18,3 +18,13 @@ def test_jsonl_tensorboard_and_plot(tmp_path):
   plot_curves(rows, ["train/loss", "eval/success"], png)
   with open(png, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resume_drops_rows_after_the_checkpoint(tmp_path):
+  w = MetricsWriter(str(tmp_path), tensorboard=False)
+  for step in range(6):
+    w.write(step, {"rollout/success_rate": step / 10})
+  w.truncate_after(3)          # resumed from checkpoint 3: steps 4 and 5 are written again
+  w.write(4, {"rollout/success_rate": 0.9})
+  assert [(r["step"], r["rollout/success_rate"]) for r in read_jsonl(w.path)] == [
+      (0, 0.0), (1, 0.1), (2, 0.2), (3, 0.3), (4, 0.9)]
