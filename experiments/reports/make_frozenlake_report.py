@@ -71,8 +71,6 @@ def at_budget(curve, budget: float) -> float:
 
 
 def plot(runs: dict, out_dir: str) -> list[str]:
-  import matplotlib
-  matplotlib.use("Agg")
   from matplotlib.figure import Figure
   files = []
   for key in EVALS:
