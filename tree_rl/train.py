@@ -58,12 +58,9 @@ def build_parts(config) -> Parts:
   tokenizer = build_tokenizer(config)
   model, model_config = build_model(config, tokenizer, seed=int(config.seed))
   task_set = tasks.build(config, tokenizer)
-  policy = rollout_build.make_policy(config)
-  engine = rollout_build.make_engine(config, task_set.train_env, tokenizer, row_buckets="full", obs_buckets=False)
+  policy, engine, layout = rollout_build.make_training_engine(config, task_set.train_env, tokenizer)
   scorer = rollout_build.make_scorer(config, policy, env=task_set.train_env, tokenizer=tokenizer,
                                      policy_model=model)
-  layout = Layout(int(config.rollout.prompts_per_step), policy.capacity(engine.max_turns),
-                  policy.slots, policy.num_trees)
   validate(config, engine=engine, layout=layout)
   train_step = make_train_step(config, model)
   evaluator = Evaluator(config, task_set.test_env, task_set.test_states, tokenizer)

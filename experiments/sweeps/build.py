@@ -143,14 +143,10 @@ def _make_engine_parts(config):
   from tree_rl import envs
   from tree_rl.models import build_tokenizer
   from tree_rl.rollout import build as rollout_build
-  from tree_rl.rollout.engine import Layout
 
   tokenizer = build_tokenizer(config)
   env = envs.from_config(config.env, tokenizer, max_reply_tokens=int(config.rollout.max_tokens_per_turn))
-  policy = rollout_build.make_policy(config)
-  engine = rollout_build.make_engine(config, env, tokenizer, row_buckets="full", obs_buckets=False)
-  layout = Layout(int(config.rollout.prompts_per_step), policy.capacity(engine.max_turns),
-                  policy.slots, policy.num_trees)
+  _, engine, layout = rollout_build.make_training_engine(config, env, tokenizer)
   return engine, layout
 
 

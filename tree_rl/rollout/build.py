@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tree_rl.rollout import methods, scorers
 from tree_rl.rollout.budget import check_unit
-from tree_rl.rollout.engine import Engine
+from tree_rl.rollout.engine import Engine, Layout
 
 
 def validate(config) -> None:
@@ -35,6 +35,16 @@ def make_engine(config, env, tokenizer, **kwargs) -> Engine:
   kwargs.setdefault("attention", config.sampler.attention)
   return Engine(env, tokenizer, max_turns=int(r.max_turns), max_tokens_per_turn=int(r.max_tokens_per_turn),
                 temperature=float(r.temperature), top_k=int(r.top_k), top_p=float(r.top_p), **kwargs)
+
+
+def make_training_engine(config, env, tokenizer) -> tuple[methods.Policy, Engine, Layout]:
+  """(policy, engine, layout) of the training loop's rollouts: full-width rows and full-width
+  observation prefills (one compiled shape per turn kind), `prompts_per_step` prompts."""
+  policy = make_policy(config)
+  engine = make_engine(config, env, tokenizer, row_buckets="full", obs_buckets=False)
+  layout = Layout(int(config.rollout.prompts_per_step), policy.capacity(engine.max_turns),
+                  policy.slots, policy.num_trees)
+  return policy, engine, layout
 
 
 def make_scorer(config, policy: methods.Policy, *, env=None, tokenizer=None, policy_model=None,
