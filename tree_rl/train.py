@@ -303,8 +303,20 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
   if config.model.preset == "hf" or not config.warmstart.enabled:
     return nnx.to_pure_dict(nnx.state(parts.model, nnx.Param)), {"skipped": True}
   key = _step_key(config, 2**31 - 1, 0)  # a stream no RL step uses
-  evaluate = lambda params: parts.evaluator.greedy_success(
-      new_cache(parts, nnx.to_pure_dict(params)), jax.random.fold_in(key, 1))[0]
+  evaluate = None
+  if float(config.warmstart.target_success) < 1.0:
+    # Early stopping looks at train maps only: the held-out split stays unseen until RL's eval.
+    n = min(int(config.warmstart.eval_prompts), parts.tasks.num_train)
+    train_eval = Evaluator(config, parts.tasks.train_env,
+                           jax.tree.map(lambda x: x[:n], parts.tasks.train_states), parts.tokenizer)
+    checks = iter(range(int(config.warmstart.eval_every), 1 << 30, int(config.warmstart.eval_every)))
+
+    def evaluate(params):
+      success = train_eval.greedy_success(new_cache(parts, nnx.to_pure_dict(params)),
+                                          jax.random.fold_in(key, 1))[0]
+      print(f"warm start: step {next(checks)}, greedy success {success:.2f} on {n} train maps "
+            f"(target {float(config.warmstart.target_success):.2f})", flush=True)
+      return success
   params, stats = warm_start(config, parts.model, parts.tokenizer, parts.tasks.train_env, key,
                              evaluate=evaluate)
   stats = {k: v for k, v in stats.items() if k != "loss"} | {

@@ -70,9 +70,32 @@ def test_expert_takes_shortest_paths(tok, noiseless):
     assert _host_bfs(grid) == d.turns[i], (text, d.turns[i])
 
 
-def _host_bfs(grid):
+def test_expert_breaks_ties_in_the_hints_order(tok, noiseless):
+  """The first move is, among the moves with the fewest BFS steps left (host BFS on the decoded
+  grid), the first in the order Down, Up, Left, Right; so on a clear path it is the goal hint's
+  first direction."""
+  gen, d = noiseless
+  names = ("Left", "Down", "Right", "Up")
+  moves = {"Down": (1, 0), "Up": (-1, 0), "Left": (0, -1), "Right": (0, 1)}
+  for i in range(96):
+    text = tok.decode(d.tokens[i, :d.prompt_len[i]])
+    grid = [line.split(" ") for line in text.split("\n") if line and set(line) <= set("_OGP ")]
+    n, m = len(grid), len(grid[0])
+    r, c = next((r, c) for r in range(n) for c in range(m) if grid[r][c] == "P")
+    after = {}
+    for name, (dr, dc) in moves.items():
+      rr, cc = min(max(r + dr, 0), n - 1), min(max(c + dc, 0), m - 1)
+      if (rr, cc) != (r, c) and grid[rr][cc] != "O":
+        dist = _host_bfs(grid, (rr, cc))
+        after[name] = dist if dist >= 0 else 1 << 20
+    best = min(after.values())
+    want = next(name for name in ("Down", "Up", "Left", "Right") if after.get(name) == best)
+    assert names[d.rows[i][0]] == want, (text, after)
+
+
+def _host_bfs(grid, start=None):
   n, m = len(grid), len(grid[0])
-  start = next((r, c) for r in range(n) for c in range(m) if grid[r][c] == "P")
+  start = start or next((r, c) for r in range(n) for c in range(m) if grid[r][c] == "P")
   seen, frontier, dist = {start}, [start], 0
   while frontier:
     if any(grid[r][c] == "G" for r, c in frontier):

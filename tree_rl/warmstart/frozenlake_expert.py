@@ -1,7 +1,8 @@
 """FrozenLake expert: the move whose neighbour cell is closest (BFS, avoiding holes) to the goal.
 
-Ties go to the first action in gymnasium order (Left, Down, Right, Up), so the noiseless expert is
-a function of the observation. A turn holds up to `env.max_actions` moves, planned as if the lake
+Ties go to vertical moves first (Down, Up, then Left, Right), the order in which the goal hint
+names the offsets ("Goal: 2 Down, 1 Right."), so the noiseless expert is a function of the
+observation and, where no hole is in the way, moves along the hint's first direction. A turn holds up to `env.max_actions` moves, planned as if the lake
 were not slippery and stopping at the goal; with probability `epsilon` each move is replaced by a
 uniformly random one. The reply is the move list in the env's action format (last_word: `Up`;
 fenced: ```Up```; answer_tag: `<answer>Left || Up</answer>`).
@@ -21,6 +22,7 @@ _FORMATS = {"last_word": "{}", "fenced": "```{}```", "answer_tag": "<answer>{}</
 _FAR = 1 << 20
 _DR = (0, 1, 0, -1)
 _DC = (-1, 0, 1, 0)
+TIE_ORDER = (fl.DOWN, fl.UP, fl.LEFT, fl.RIGHT)
 
 
 def _neighbour(state, pos, a):
@@ -41,6 +43,12 @@ def neighbour_distances(state, pos=None) -> jax.Array:
     ok = jnp.any(n != pos) & (state.tiles[n[0], n[1]] != fl.HOLE) & (d >= 0)
     out.append(jnp.where(ok, d, _FAR))
   return jnp.stack(out).astype(jnp.int32)
+
+
+def best_move(state, pos=None) -> jax.Array:
+  """int32: the move with the fewest BFS steps left, ties broken by TIE_ORDER."""
+  order = jnp.asarray(TIE_ORDER, jnp.int32)
+  return order[jnp.argmin(neighbour_distances(state, pos)[order])]
 
 
 class FrozenLakeExpert:
@@ -77,7 +85,7 @@ class FrozenLakeExpert:
     keys = jax.random.split(key, self.max_actions)
     pos, count, best, taken, stop = state.pos, jnp.int32(0), [], [], jnp.bool_(False)
     for i in range(self.max_actions):
-      a = jnp.argmin(neighbour_distances(state, pos)).astype(jnp.int32)
+      a = best_move(state, pos)
       k_noise, k_move = jax.random.split(keys[i])
       explore = jax.random.uniform(k_noise) < self.epsilon
       b = jnp.where(explore, jax.random.randint(k_move, (), 0, 4), a).astype(jnp.int32)

@@ -22,7 +22,7 @@ from tree_rl.warmstart.experts import make_expert
 
 def validate(w) -> None:
   """Check `config.warmstart`; errors name the field."""
-  positive = ("num_demos", "max_len", "steps", "batch_size", "eval_every")
+  positive = ("num_demos", "max_len", "steps", "batch_size", "eval_every", "eval_prompts")
   for name in positive:
     if int(w[name]) < 1:
       raise ValueError(f"warmstart.{name} must be >= 1, got {w[name]}")
