@@ -295,6 +295,26 @@ def train_and_evaluate(config, workdir: str) -> dict:
   return summary
 
 
+def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
+  """Evaluate the policy saved at `step` (default the latest) in `workdir` on the held-out split,
+  exactly as the training loop does (same eval key): with the run's own config this reproduces
+  the eval row logged at that step; raise `train.eval_samples` for a tighter sampled estimate."""
+  parts = build_parts(config)
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
+  train_state = jax.eval_shape(parts.train_step.init)
+  saved = ckpt.all_steps()
+  if not saved or (step is not None and step not in saved):
+    ckpt.close()
+    raise FileNotFoundError(f"no checkpoint {'' if step is None else f'step {step} '}in "
+                            f"{ckpt.directory} (saved steps: {saved})")
+  restored = ckpt.restore(_checkpoint_state(train_state, train_state.params), step)
+  ckpt.close()
+  step, state, _ = restored
+  params = state["train"].params
+  metrics, _ = parts.evaluator(new_cache(parts, params), _eval_key(config))
+  return {"step": step} | metrics
+
+
 def _warm_start(parts: Parts) -> tuple[Any, dict]:
   """Supervised warm start for from-scratch models (pure-dict params, stats); skipped for a
   pretrained checkpoint (config.model.preset=hf) or with config.warmstart.enabled=False."""
