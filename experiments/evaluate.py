@@ -11,8 +11,10 @@ import json
 from absl import app, flags
 from ml_collections import config_flags
 
+from tree_rl import compile_cache
 from tree_rl.config import parse_flags_or_exit
 
+_CACHE = compile_cache.define_flag()
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/frozenlake.py", "Experiment config file.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Run directory holding checkpoints/.")
 _STEPS = flags.DEFINE_list("steps", [], "Checkpoint steps to evaluate (default: the latest).")
@@ -20,6 +22,7 @@ _STEPS = flags.DEFINE_list("steps", [], "Checkpoint steps to evaluate (default: 
 
 def main(argv):
   del argv
+  compile_cache.enable(_CACHE.value)
   from tree_rl.train import evaluate_checkpoint
   for step in [int(s) for s in _STEPS.value] or [None]:
     print(json.dumps(evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, step)), flush=True)

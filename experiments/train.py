@@ -10,8 +10,10 @@ import json
 from absl import app, flags
 from ml_collections import config_flags
 
+from tree_rl import compile_cache
 from tree_rl.config import parse_flags_or_exit
 
+_CACHE = compile_cache.define_flag()
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/frozenlake.py", "Experiment config file.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Directory for checkpoints and logs.")
 _PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print the resolved config as JSON and exit.")
@@ -34,6 +36,7 @@ def main(argv):
   if _PRINT_CONFIG.value:
     print(config.to_json_best_effort(indent=2))
     return
+  compile_cache.enable(_CACHE.value)
   from tree_rl.train import train_and_evaluate
   summary = train_and_evaluate(config, _WORKDIR.value)
   print(summary_table(summary))

@@ -1,11 +1,19 @@
-"""Test set-up: 8 host CPU devices for the sharding tests, float32 matmuls everywhere."""
+"""Test set-up: 8 host CPU devices for the sharding tests, float32 matmuls everywhere, and one
+persistent compilation cache per test session (shared by the xdist workers and the subprocesses
+they start; a new session starts cold)."""
 
 import os
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+    tempfile.gettempdir(), "tree_rl_jax_cache", os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))))
 
 import jax  # noqa: E402
 
+from tree_rl import compile_cache  # noqa: E402
+
 jax.config.update("jax_default_matmul_precision", "highest")
+compile_cache.enable()

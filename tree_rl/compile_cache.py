@@ -1,0 +1,36 @@
+"""A persistent cache of compiled XLA programs, shared by every run on one machine.
+
+Compilation dominates short runs on a CPU (a smoke run: ~45 of ~70 s); with the cache a rerun,
+a resumed run, a sweep's later runs and the evaluation script load the programs instead of
+compiling them again. Cached executables are the ones XLA would compile, so results are unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "tree_rl", "jax")
+
+
+def define_flag():
+  """The entry points' --compile_cache flag (pass its value to `enable`)."""
+  from absl import flags
+  return flags.DEFINE_string("compile_cache", None, "Directory of the persistent compilation cache "
+                             "(default: $JAX_COMPILATION_CACHE_DIR or ~/.cache/tree_rl/jax; '' disables).")
+
+
+def enable(directory: str | None = None) -> str | None:
+  """Cache every compiled program (however small or quick to compile) under `directory`
+  (None: $JAX_COMPILATION_CACHE_DIR if set, else DEFAULT_DIR; "": no cache). Returns the
+  directory used."""
+  if directory is None:
+    directory = os.environ.get("JAX_COMPILATION_CACHE_DIR") or DEFAULT_DIR
+  if not directory:
+    return None
+  os.makedirs(directory, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", directory)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return directory
