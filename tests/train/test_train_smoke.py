@@ -29,3 +29,15 @@ def test_smoke_run_trains_and_evaluates(tmp_path, data_dir, module, algo):
   assert os.listdir(os.path.join(str(tmp_path), "tensorboard"))
 
 
+
+
+def test_warm_start_stops_at_the_target_on_train_maps(tmp_path, data_dir, capsys):
+  config = smoke(frozenlake, "chain", data_dir, **{
+      "warmstart.steps": 6, "warmstart.eval_every": 2, "warmstart.target_success": 0.0,
+      "warmstart.eval_prompts": 16, "train.num_steps": 1})
+  summary = train_and_evaluate(config, str(tmp_path))
+  warm = summary["warm_start"]
+  assert warm["steps"] == 2 and warm["stopped_early"]        # the first check meets target 0
+  (step, success), = warm["evals"]
+  assert step == 2 and 0.0 <= success <= 1.0
+  assert f"warm start: step 2, greedy success {success:.2f} on 16 train maps" in capsys.readouterr().out
