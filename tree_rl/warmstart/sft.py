@@ -101,17 +101,21 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
                ) -> tuple[nnx.State, dict[str, Any]]:
   """Generate `warmstart.num_demos` expert episodes for `config.env.name` on device, then train
   for `warmstart.steps` SFT updates (fewer if `evaluate(params) >= warmstart.target_success` at
-  one of the checks every `warmstart.eval_every` steps).
+  one of the checks every `warmstart.eval_every` steps). When checks ran and none met the target,
+  the params of the best check come back (the earliest among ties), not the last step's: SFT on
+  a noisy expert can drift after it peaks.
 
   Returns the trained Params (an nnx.State; `nnx.update(model, params)` loads them) and stats:
-  loss (per step), steps, demo_success / demo_return / demo_tokens / demo_truncated, evals
-  ([(step, success)]), stopped_early, seconds (demo generation, training). The model itself is
-  not changed. With `warmstart.enabled=False` the model's Params come back untouched.
+  loss (per step), steps, returned_step (whose params come back), evals ([(step, success)]),
+  stopped_early, demo_success / demo_return / demo_tokens / demo_truncated, seconds (demo
+  generation, training). The model itself is not changed. With `warmstart.enabled=False` the
+  model's Params come back untouched.
   """
   w = config.warmstart
   validate(w)
   if not w.enabled:
-    return nnx.state(model, nnx.Param), dict(loss=[], steps=0, evals=[], stopped_early=False)
+    return nnx.state(model, nnx.Param), dict(loss=[], steps=0, returned_step=0, evals=[],
+                                               stopped_early=False)
   t0 = time.perf_counter()
   expert = make_expert(config.env.name, env, w.epsilon)
   gen = DemoGenerator(env, tokenizer, expert, max_len=int(w.max_len),
@@ -124,21 +128,30 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   t1 = time.perf_counter()
   trainer = SFTTrainer(model, w)
   losses, evals, stopped = [], [], False
+  best = None                                     # (success, step, params) of the best check
   n = int(w.num_demos)
   step = 0
   for step in range(1, int(w.steps) + 1):
     idx = jax.random.randint(jax.random.fold_in(k_train, step), (trainer.batch_size,), 0, n)
     losses.append(trainer.step(demos.tokens, demos.loss_mask, idx))
     if evaluate is not None and step % int(w.eval_every) == 0:
-      success = float(evaluate(trainer.params_state()))
+      params = trainer.params_state()
+      success = float(evaluate(params))
       evals.append((step, success))
+      if best is None or success > best[0]:
+        best = (success, step, params)
       if success >= float(w.target_success):
         stopped = True
         break
+  if stopped or best is None:
+    final, returned_step = trainer.params_state(), step
+  else:                    # the target was never met: keep the best check, not the last step
+    _, returned_step, final = best
   losses = [float(x) for x in jax.device_get(losses)]
   stats = dict(loss=losses, steps=step, evals=evals, stopped_early=stopped,
+               returned_step=returned_step,
                demo_success=float(jnp.mean(demos.success)), demo_return=float(jnp.mean(demos.reward)),
                demo_tokens=float(jnp.mean(demos.length)),
                demo_truncated=float(jnp.mean(demos.truncated)),
                seconds=dict(demos=t1 - t0, train=time.perf_counter() - t1))
-  return trainer.params_state(), stats
+  return final, stats
