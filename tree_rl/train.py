@@ -121,8 +121,8 @@ def _bucket(n: int, floor: int = 64) -> int:
 def make_batches(config, trees: list, row_multiple: int = 1) -> list:
   """Learner batches for one step: the prompts' trees split into `train.minibatches` groups,
   each packed (learner.packed) or materialised per leaf, with shapes bucketed to powers of two
-  (rows also to a multiple of the batch-sharding mesh size) so the update compiles once per
-  bucket."""
+  (rows also to a multiple of `row_multiple`, e.g. batch shards x micro-batches) so the update
+  compiles once per bucket."""
   rows_for = lambda n: -(-_bucket(n, floor=1) // row_multiple) * row_multiple
   n = int(config.train.minibatches)
   groups = sorted({t.group_id for t in trees})
@@ -162,7 +162,9 @@ def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: i
   trees = learner_trees(out, adv)
   t1 = time.perf_counter()
   mesh = parts.train_step.mesh
-  batches = make_batches(config, trees, row_multiple=mesh.shape['data'] * mesh.shape['fsdp'])
+  # Rows split evenly into learner.microbatches, each split evenly over the batch shards.
+  shards = mesh.shape['data'] * mesh.shape['fsdp']
+  batches = make_batches(config, trees, row_multiple=shards * int(config.learner.microbatches))
   if float(config.learner.kl_coef):
     batches = [parts.train_step.with_ref_logprobs(ref_params, b) for b in batches]
   learner_metrics = []

@@ -2,6 +2,7 @@
 
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -9,7 +10,7 @@ from configs import frozenlake, toolcall
 from tree_rl.metrics import read_jsonl
 from tree_rl.train import train_and_evaluate
 
-from loop_helpers import smoke
+from loop_helpers import checkpoint_params, smoke
 
 METHODS = ["chain", "tree_grpo", "patr", "tree_random"]
 
@@ -29,6 +30,23 @@ def test_smoke_run_trains_and_evaluates(tmp_path, data_dir, module, algo):
   assert os.listdir(os.path.join(str(tmp_path), "tensorboard"))
 
 
+def test_learner_micro_batches_in_the_loop_match_one_batch(tmp_path, data_dir):
+  """learner.microbatches=3: rows are padded to a multiple of 3 (padding rows weigh nothing) and
+  one RL step lands on the same parameters as the undivided batch. The smoke policy wins no
+  episode (zero advantages), so an entropy bonus makes the gradient non-zero."""
+  params = {}
+  for n in (1, 3):
+    config = smoke(frozenlake, "tree_random", data_dir, **{
+        "learner.microbatches": n, "learner.entropy_coef": 0.01, "train.num_steps": 1})
+    summary = train_and_evaluate(config, str(tmp_path / f"mb{n}"))
+    assert summary["step"] == 1
+    params[n] = checkpoint_params(str(tmp_path / f"mb{n}"), 1)
+  diffs = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), params[1], params[3]))
+  assert max(diffs) < 1e-5
+  # the update moved the weights by far more than that
+  warm = checkpoint_params(str(tmp_path / "mb1"), 0)
+  moved = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), params[1], warm))
+  assert max(moved) > 1e-4
 
 
 def test_warm_start_stops_at_the_target_on_train_maps(tmp_path, data_dir, capsys):
