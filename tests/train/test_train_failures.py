@@ -62,9 +62,13 @@ def test_impossible_configs_fail_fast(tmp_path, data_dir):
 
 
 def _cli(workdir, data_dir, steps):
+  # The smoke policy wins no episode (zero advantages): the entropy bonus gives every update a
+  # non-zero gradient that depends on the sampled tokens, so the weights, the AdamW moments and
+  # the rollout keys all have to be restored exactly.
   return [sys.executable, "-m", "experiments.train", "--config=configs/frozenlake.py:algo=tree_grpo,smoke",
           f"--workdir={workdir}", f"--config.env.data_dir={data_dir}",
-          f"--config.train.num_steps={steps}", "--config.train.eval_every=100"]
+          f"--config.train.num_steps={steps}", "--config.train.eval_every=100",
+          "--config.learner.entropy_coef=0.01"]
 
 
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path, data_dir):
@@ -88,5 +92,8 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, data_dir):
   a, b = checkpoint_params(straight, 3), checkpoint_params(killed, 3)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  moved = [np.max(np.abs(np.asarray(x) - np.asarray(y)))
+           for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(checkpoint_params(straight, 2)))]
+  assert max(moved) > 0           # step 3 changed the weights: the equality above is not vacuous
   with open(os.path.join(killed, "summary.json")) as f, open(os.path.join(straight, "summary.json")) as g:
     assert json.load(f)["eval_after"] == json.load(g)["eval_after"]
