@@ -39,7 +39,7 @@ def get_config(arg=None):
   # trees on 9x9 maps ran out of host memory once in the block-sparse attention.
   c.learner.packed = False
   # Four micro-batches per update: the same update (summed gradients) at about half the peak
-  # host memory of the main job (5.9 GB instead of 10.5 GB; docs/benchmarks.md).
+  # host memory of the main job (5.8 GB instead of 10.5 GB; docs/benchmarks.md).
   c.learner.microbatches = 4
   # The papers' 1e-6 is for 0.5B+ pretrained policies; this 0.45M from-scratch one needs ~1e-4..1e-3
   # (docs/benchmarks.md, "RL loop").
