@@ -121,7 +121,7 @@ def _bucket(n: int, floor: int = 64) -> int:
 def make_batches(config, trees: list, row_multiple: int = 1) -> list:
   """Learner batches for one step: the prompts' trees split into `train.minibatches` groups,
   each packed (learner.packed) or materialised per leaf, with shapes bucketed to powers of two
-  (rows also to a multiple of `row_multiple`, e.g. batch shards x micro-batches) so the update
+  (rows also to a multiple of `row_multiple`: `TrainStep.row_multiple`) so the update
   compiles once per bucket."""
   rows_for = lambda n: -(-_bucket(n, floor=1) // row_multiple) * row_multiple
   n = int(config.train.minibatches)
@@ -161,10 +161,7 @@ def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: i
   adv = advantage_lib.get(config.learner.advantage)(**inputs, eps=float(config.learner.adv_eps))
   trees = learner_trees(out, adv)
   t1 = time.perf_counter()
-  mesh = parts.train_step.mesh
-  # Rows split evenly into learner.microbatches, each split evenly over the batch shards.
-  shards = mesh.shape['data'] * mesh.shape['fsdp']
-  batches = make_batches(config, trees, row_multiple=shards * int(config.learner.microbatches))
+  batches = make_batches(config, trees, row_multiple=parts.train_step.row_multiple)
   if float(config.learner.kl_coef):
     batches = [parts.train_step.with_ref_logprobs(ref_params, b) for b in batches]
   learner_metrics = []

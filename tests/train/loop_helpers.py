@@ -2,6 +2,9 @@
 
 import os
 
+import jax
+import numpy as np
+
 from tree_rl.checkpointing import Checkpointer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -22,3 +25,7 @@ def checkpoint_params(workdir, step):
   return ckpt.read(step)[0]["train"]["params"]
 
 
+def max_abs_diff(a, b) -> float:
+  """Largest absolute difference between two parameter trees of the same structure."""
+  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))

@@ -107,6 +107,12 @@ class TrainStep:
     self._jitted: dict[type, Any] = {}
 
   # ------------------------------------------------------------------ state and batches
+  @property
+  def row_multiple(self) -> int:
+    """Batch rows must be a multiple of this: every micro-batch splits evenly over the batch
+    shards (mesh data x fsdp)."""
+    return int(self.config.learner.microbatches) * self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+
   def init(self, params: Any = None) -> TrainState:
     """Place float32 master weights (default: the model's) and a fresh optimizer state."""
     params = self._init_params if params is None else params

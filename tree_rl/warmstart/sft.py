@@ -143,10 +143,8 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
       if success >= float(w.target_success):
         stopped = True
         break
-  if stopped or best is None:
-    final, returned_step = trainer.params_state(), step
-  else:                    # the target was never met: keep the best check, not the last step
-    _, returned_step, final = best
+  # A check that met the target is the best one; otherwise the best check beats the last step.
+  _, returned_step, final = best if best is not None else (None, step, trainer.params_state())
   losses = [float(x) for x in jax.device_get(losses)]
   stats = dict(loss=losses, steps=step, evals=evals, stopped_early=stopped,
                returned_step=returned_step,
