@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import signal
 import time
@@ -25,13 +24,12 @@ from flax import nnx
 from tree_rl import tasks
 from tree_rl.checkpointing import Checkpointer
 from tree_rl.evaluation import Evaluator
-from tree_rl.learner import advantages as advantage_lib
-from tree_rl.learner.batches import leaf_batch, pack_trees
+from tree_rl.learner.from_rollout import learner_batches
 from tree_rl.learner.train_step import make_train_step
 from tree_rl.metrics import MetricsWriter, plot_curves, read_jsonl
 from tree_rl.models import build_model, build_tokenizer
 from tree_rl.rollout import build as rollout_build
-from tree_rl.rollout.driver import learner_inputs, learner_trees, run
+from tree_rl.rollout.driver import run
 from tree_rl.rollout.engine import Layout
 from tree_rl import sampling
 from tree_rl.validation import validate
@@ -114,37 +112,6 @@ def _eval_key(config) -> jax.Array:
 # ----------------------------------------------------------------------------- one RL step
 
 
-def _bucket(n: int, floor: int = 64) -> int:
-  return max(floor, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
-
-
-def make_batches(config, trees: list, row_multiple: int = 1) -> list:
-  """Learner batches for one step: the prompts' trees split into `train.minibatches` groups,
-  each packed (learner.packed) or materialised per leaf, with shapes bucketed to powers of two
-  (rows also to a multiple of `row_multiple`: `TrainStep.row_multiple`) so the update
-  compiles once per bucket."""
-  rows_for = lambda n: -(-_bucket(n, floor=1) // row_multiple) * row_multiple
-  n = int(config.train.minibatches)
-  groups = sorted({t.group_id for t in trees})
-  chunks = [groups[i::n] for i in range(n)]
-  batches = []
-  for chunk in chunks:
-    members = [t for t in trees if t.group_id in set(chunk)]
-    if not members:
-      continue
-    if config.learner.packed:
-      seq = _bucket(max(len(t.tokens) for t in members))
-      nodes = _bucket(max(t.num_nodes for t in members), floor=8)
-      batch = pack_trees(members, seq, nodes, aggregation=config.learner.aggregation,
-                         rows=rows_for(len(members)), block=int(config.learner.attention_block))
-    else:
-      leaves = sum(len(t.leaves()) for t in members)
-      seq = _bucket(max(len(t.path_tokens(l)) for t in members for l in t.leaves()))
-      batch = leaf_batch(members, seq, rows=rows_for(leaves))
-    batches.append(batch)
-  return batches
-
-
 def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: int):
   """Rollout + updates for RL step `step`; returns (train_state, cache, metrics)."""
   config = parts.config
@@ -157,11 +124,8 @@ def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: i
                    budget=int(config.rollout.budget), budget_unit=config.rollout.budget_unit)
   jax.block_until_ready(out.tree.tokens)
   rollout_s = time.perf_counter() - t0
-  inputs = learner_inputs(out)
-  adv = advantage_lib.get(config.learner.advantage)(**inputs, eps=float(config.learner.adv_eps))
-  trees = learner_trees(out, adv)
   t1 = time.perf_counter()
-  batches = make_batches(config, trees, row_multiple=parts.train_step.row_multiple)
+  batches = learner_batches(config, out, row_multiple=parts.train_step.row_multiple)
   if float(config.learner.kl_coef):
     batches = [parts.train_step.with_ref_logprobs(ref_params, b) for b in batches]
   learner_metrics = []

@@ -97,7 +97,7 @@ def test_eager_equals_jit_for_every_builtin():
 
 def test_custom_estimator_by_name_and_unknown_name_lists_known():
   @advantages.register("test_sign")
-  def sign(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
+  def sign(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6):
     return jnp.where(valid, jnp.sign(rewards - 0.5), 0.0)
 
   assert "test_sign" in advantages.names()

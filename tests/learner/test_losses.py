@@ -89,7 +89,7 @@ def test_clipping_stops_the_gradient_on_the_clipped_side():
 
 def test_packed_positions_and_predecessors_of_a_small_tree():
   # root: 2 prompt tokens; A (3 tokens) and B (2 tokens) under the root; C (1 token) under A.
-  tree = batches.Tree(parent=[-1, 0, 0, 1], spans=[[0, 2], [2, 5], [5, 7], [7, 8]],
+  tree = batches.TrainTree(parent=[-1, 0, 0, 1], spans=[[0, 2], [2, 5], [5, 7], [7, 8]],
                       tokens=np.arange(10, 18), loss_mask=np.array([0, 0, 1, 1, 0, 1, 1, 1], bool),
                       old_logp=np.zeros(8, np.float32), advantages=np.array([0, 0, -2.0, 1.0]))
   pb = batches.pack_trees([tree], seq_len=10, max_nodes=5, aggregation="token_sum")

@@ -15,7 +15,8 @@ from rollout_helpers import CAPACITY, moves_model, rollout_config  # noqa: E402
 from tree_rl.envs.frozenlake import FROZEN, GOAL, HOLE, PAD, FrozenLake  # noqa: E402
 from tree_rl.models.tokenizers import BuiltinTokenizer  # noqa: E402
 from tree_rl.rollout import methods, scorers, sequences  # noqa: E402
-from tree_rl.rollout.driver import learner_inputs, learner_trees, run  # noqa: E402
+from tree_rl.learner.from_rollout import advantage_inputs, train_trees  # noqa: E402
+from tree_rl.rollout.driver import run  # noqa: E402
 from tree_rl.rollout.engine import Engine, Layout  # noqa: E402
 
 P = 2
@@ -203,9 +204,9 @@ def test_budget_mode_stops_new_work():
 def test_learner_formats():
   out, _ = cached("tree_grpo")
   from tree_rl.learner import advantages, batches
-  inp = learner_inputs(out)
+  inp = advantage_inputs(out)
   adv = advantages.get("tree_grpo")(**inp)
-  trees = learner_trees(out, adv)
+  trees = train_trees(out, adv)
   assert len(trees) == P * 2
   leaf = batches.leaf_batch(trees, seq_len=setup()[2].max_context())
   rows = np.asarray(leaf.tokens)

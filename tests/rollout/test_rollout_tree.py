@@ -1,11 +1,8 @@
-"""Tree structure, root-to-leaf sequences and the packed form, on a hand-built tree."""
+"""Tree structure and root-to-leaf sequences on a hand-built tree."""
 
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from tree_rl.models.config import tiny
-from tree_rl.models.transformer import Transformer
 from tree_rl.rollout import sequences, tree as tree_lib
 
 # Prompt 0:   root r (prompt 10 11 12)
@@ -41,7 +38,7 @@ def hand_tree(capacity=6, width=4):
                    size=jnp.array([4, 2], jnp.int32))
 
 
-def test_paths_leaves_and_ancestors():
+def test_paths_and_leaves():
   t = hand_tree()
   paths = np.array(tree_lib.path_nodes(t, max_depth=3))
   np.testing.assert_array_equal(paths[0, 3], [0, 1, 3, -1])
@@ -50,9 +47,6 @@ def test_paths_leaves_and_ancestors():
   np.testing.assert_array_equal(paths[1, 4], [-1, -1, -1, -1])
   ids, mask = tree_lib.leaf_ids(t, 3)
   np.testing.assert_array_equal(np.array(ids), [[2, 3, -1], [1, -1, -1]])
-  anc = np.array(tree_lib.ancestor_matrix(t, 3))
-  assert anc[0, 3].tolist() == [True, True, False, True, False, False]
-  assert anc[0, 2].tolist() == [True, False, True, False, False, False]
 
 
 def test_allocate_and_scatter():
@@ -79,24 +73,3 @@ def test_path_sequences_match_hand_concatenation():
   np.testing.assert_allclose(lp[[3, 4, 6, 7, 8]], [-2.0, -2.1, -4.0, -4.1, -4.2], rtol=1e-6)
   assert np.all(lp[[0, 1, 2, 5, 9]] == 0)
   assert not np.array(batch.valid)[1, 1].any()
-
-
-def test_packed_form_each_node_once_and_equal_to_dense_paths():
-  t = hand_tree()
-  packed = sequences.packed_sequences(t, max_len=14, max_depth=3)
-  np.testing.assert_array_equal(np.array(packed.tokens)[0, :12],
-                                [10, 11, 12, 20, 21, 22, 30, 31, 32, 40, 41, 42])
-  np.testing.assert_array_equal(np.array(packed.positions)[0, :12],
-                                [0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7, 8])
-  np.testing.assert_array_equal(np.array(packed.num_tokens), [12, 4])
-  member = np.array(sequences.leaf_token_membership(packed, jnp.array([[2, 3], [1, -1]])))
-  np.testing.assert_array_equal(member[0, :12, 1], [1] * 6 + [0] * 3 + [1] * 3)
-  # Logits of the packed form (ancestor mask, path positions) equal those of each dense path.
-  model = Transformer(tiny(64), rngs=nnx.Rngs(0))
-  mask = sequences.packed_attention_mask(packed)
-  packed_logits = model(packed.tokens, packed.positions, mask)
-  paths = sequences.path_sequences(t, jnp.array([[3, 2], [1, -1]]), max_len=9, max_depth=3)
-  for leaf_col, idx in ((0, [0, 1, 2, 3, 4, 5, 9, 10, 11]), (1, [0, 1, 2, 6, 7, 8])):
-    dense = model(paths.tokens[0, leaf_col][None])[0]
-    np.testing.assert_allclose(np.array(packed_logits[0, jnp.array(idx)]),
-                               np.array(dense[:len(idx)]), atol=1e-4)

@@ -25,7 +25,7 @@ from loop_helpers import ROOT, checkpoint_params, max_abs_diff, smoke
 
 def test_nan_update_is_skipped_reported_and_never_saved(tmp_path, data_dir, capsys):
   @advantages.register("nan_for_test")
-  def nan_for_test(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
+  def nan_for_test(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6):
     return jnp.full(rewards.shape, jnp.nan)
 
   config = smoke(frozenlake, "chain", data_dir, **{"learner.advantage": "nan_for_test",

@@ -2,16 +2,16 @@
 
 Every estimator has the same signature::
 
-    fn(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6) -> advantages
+    fn(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6) -> advantages
 
 - rewards    float [N]  outcome reward of each trajectory (leaf)
 - prompt_ids int   [N]  which prompt the trajectory answers (any integers)
 - tree_ids   int   [N]  which tree of that prompt it belongs to (any integers; a chain is its own tree)
 - valid      bool  [N]  False for padding / dropped slots: they enter no statistic and get advantage 0
-- tree       optional `TreeStructure` for node-level estimators (the built-ins ignore it)
 - eps        the denominator guard of the std normalisation
 
-and returns float32 advantages [N] (per trajectory), or [num_nodes] for a node-level estimator.
+and returns float32 advantages [N], one per trajectory: the learner puts each on its leaf, and
+every token on the leaf's path is trained with it.
 All built-ins are jittable: fixed-size arrays, masks and segment sums, no data-dependent shapes.
 
 Group statistics follow the public Tree-GRPO/verl convention: std is unbiased (n - 1), and a group
@@ -24,30 +24,16 @@ from typing import Protocol
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from tree_rl.registry import Registry
 
-__all__ = ["TreeStructure", "register", "get", "names", "group_stats"]
-
-
-@struct.dataclass
-class TreeStructure:
-  """Node-level view of the trajectories, for estimators that assign per-node advantages.
-
-  parent   int [num_nodes]  parent node index (-1 for a root); parents precede children
-  leaf_node int [N]         the node where trajectory i ends
-  """
-
-  parent: jax.Array
-  leaf_node: jax.Array
+__all__ = ["register", "get", "names", "group_stats"]
 
 
 class Estimator(Protocol):
 
   def __call__(self, rewards: jax.Array, prompt_ids: jax.Array, tree_ids: jax.Array,
-               valid: jax.Array, tree: TreeStructure | None = None, *,
-               eps: float = 1e-6) -> jax.Array:
+               valid: jax.Array, *, eps: float = 1e-6) -> jax.Array:
     ...
 
 
@@ -112,23 +98,23 @@ def _tree_groups(prompt_ids, tree_ids, valid):
 
 
 @register("grpo")
-def grpo(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
+def grpo(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6):
   """(r - mean_P) / (std_P + eps) over all trajectories of the same prompt."""
-  del tree_ids, tree
+  del tree_ids
   return _normalise(rewards, _prompt_groups(prompt_ids, valid), valid, eps)
 
 
 @register("drgrpo")
-def drgrpo(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
+def drgrpo(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6):
   """Dr. GRPO: r - mean_P, no std division (a single-member group keeps r)."""
-  del tree_ids, tree, eps
+  del tree_ids, eps
   return _normalise(rewards, _prompt_groups(prompt_ids, valid), valid, 0.0, use_std=False)
 
 
 @register("rloo")
-def rloo(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
+def rloo(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6):
   """r_i - mean of the other valid trajectories of the same prompt (baseline 0 when alone)."""
-  del tree_ids, tree, eps
+  del tree_ids, eps
   n = rewards.shape[0]
   groups = _prompt_groups(prompt_ids, valid)
   r = jnp.where(valid, rewards.astype(jnp.float32), 0.0)
@@ -139,28 +125,26 @@ def rloo(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
 
 
 @register("tree_inter")
-def tree_inter(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
+def tree_inter(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6):
   """Tree-GRPO A_inter: normalised over all leaves of the same prompt (same as grpo)."""
-  return grpo(rewards, prompt_ids, tree_ids, valid, tree, eps=eps)
+  return grpo(rewards, prompt_ids, tree_ids, valid, eps=eps)
 
 
 @register("tree_intra")
-def tree_intra(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
+def tree_intra(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6):
   """Tree-GRPO A_intra: normalised over the leaves of the same tree of the same prompt."""
-  del tree
   return _normalise(rewards, _tree_groups(prompt_ids, tree_ids, valid), valid, eps)
 
 
 @register("tree_grpo")
-def tree_grpo(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
+def tree_grpo(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6):
   """Tree-GRPO: A = A_intra + A_inter."""
-  return (tree_intra(rewards, prompt_ids, tree_ids, valid, tree, eps=eps)
-          + tree_inter(rewards, prompt_ids, tree_ids, valid, tree, eps=eps))
+  return (tree_intra(rewards, prompt_ids, tree_ids, valid, eps=eps)
+          + tree_inter(rewards, prompt_ids, tree_ids, valid, eps=eps))
 
 
 @register("tree_2norm")
-def tree_2norm(rewards, prompt_ids, tree_ids, valid, tree=None, *, eps=1e-6):
+def tree_2norm(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6):
   """Normalise over the prompt, then re-normalise those values within each tree."""
-  del tree
   first = _normalise(rewards, _prompt_groups(prompt_ids, valid), valid, eps)
   return _normalise(first, _tree_groups(prompt_ids, tree_ids, valid), valid, eps)

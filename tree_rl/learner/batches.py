@@ -29,7 +29,7 @@ Two device formats, both `flax.struct` dataclasses of arrays (jax pytrees):
 w_leaf is the aggregation's per-token weight of that leaf (`losses.leaf_token_weights`), so the
 packed loss is exactly the per-leaf loss; see `losses`.
 
-The host-side tree description is `Tree` (numpy): node parent array, per-node token spans into a
+The host-side tree description is `TrainTree` (numpy): node parent array, per-node token spans into a
 flat token array, per-token loss mask and log-probs, per-leaf advantages and a group id.
 """
 
@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from tree_rl.learner.losses import check_aggregation
+from tree_rl.learner.losses import check_aggregation, leaf_weights
 from tree_rl.learner.tree_attention import kv_block_lists
 
 
@@ -73,7 +73,7 @@ class PackedBatch:
 
 
 @dataclasses.dataclass
-class Tree:
+class TrainTree:
   """One rollout tree on the host.
 
   parent         int [n]     parent node (-1 for the root; parent[i] < i, one root at node 0)
@@ -103,20 +103,20 @@ class Tree:
     n = len(self.parent)
     if n == 0 or self.parent[0] != -1 or np.any(self.parent[1:] < 0) or np.any(
         self.parent[1:] >= np.arange(1, n)):
-      raise ValueError("Tree.parent must have the root at node 0 (-1) and parent[i] < i for i > 0")
+      raise ValueError("TrainTree.parent must have the root at node 0 (-1) and parent[i] < i for i > 0")
     if self.spans.shape[0] != n:
-      raise ValueError(f"Tree.spans has {self.spans.shape[0]} rows for {n} nodes")
+      raise ValueError(f"TrainTree.spans has {self.spans.shape[0]} rows for {n} nodes")
     length = len(self.tokens)
     for name in ("loss_mask", "old_logp") + (("ref_logp",) if self.ref_logp is not None else ()):
       if len(getattr(self, name)) != length:
-        raise ValueError(f"Tree.{name} has length {len(getattr(self, name))}, tokens {length}")
+        raise ValueError(f"TrainTree.{name} has length {len(getattr(self, name))}, tokens {length}")
     if len(self.advantages) != n:
-      raise ValueError(f"Tree.advantages needs one value per node ({n}), got {len(self.advantages)}")
+      raise ValueError(f"TrainTree.advantages needs one value per node ({n}), got {len(self.advantages)}")
     if np.any(self.spans[:, 0] > self.spans[:, 1]) or np.any(self.spans < 0) or np.any(
         self.spans > length):
-      raise ValueError("Tree.spans must be [start, end) ranges inside tokens")
+      raise ValueError("TrainTree.spans must be [start, end) ranges inside tokens")
     if self.spans[0, 1] > self.spans[0, 0] and self.loss_mask[self.spans[0, 0]]:
-      raise ValueError("Tree.loss_mask must be False on the root's first token (it has no context)")
+      raise ValueError("TrainTree.loss_mask must be False on the root's first token (it has no context)")
 
   @property
   def num_nodes(self) -> int:
@@ -146,11 +146,11 @@ class Tree:
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def _ref(tree: Tree) -> np.ndarray:
+def _ref(tree: TrainTree) -> np.ndarray:
   return tree.ref_logp if tree.ref_logp is not None else np.zeros(len(tree.tokens), np.float32)
 
 
-def leaf_batch(trees: list[Tree], seq_len: int, rows: int | None = None) -> LeafBatch:
+def leaf_batch(trees: list[TrainTree], seq_len: int, rows: int | None = None) -> LeafBatch:
   """Materialise every valid leaf of `trees` as its own row (the per-leaf format).
 
   `rows` pads the batch with empty rows (all-False loss mask) to a fixed row count.
@@ -180,13 +180,13 @@ def leaf_batch(trees: list[Tree], seq_len: int, rows: int | None = None) -> Leaf
                    group_ids=gid)
 
 
-def merge_shared_roots(trees: list[Tree], max_tokens: int | None = None,
-                       max_nodes: int | None = None) -> list[Tree]:
+def merge_shared_roots(trees: list[TrainTree], max_tokens: int | None = None,
+                       max_nodes: int | None = None) -> list[TrainTree]:
   """Merge trees of one group whose roots are the same prompt (same tokens and log-probs, no
   loss tokens) into one tree, so the prompt is packed once (Tree-GRPO's M trees per prompt).
   Training on the result gives the same loss and gradient: the leaves do not change. A merge
   that would exceed `max_tokens` tokens or `max_nodes` nodes is not made."""
-  out: list[Tree] = []
+  out: list[TrainTree] = []
   index: dict[tuple, int] = {}
   for t in trees:
     root = t.node_slice(0)
@@ -212,7 +212,7 @@ def merge_shared_roots(trees: list[Tree], max_tokens: int | None = None,
     spans = np.stack([ends - lens, ends], axis=1)
     valid = lambda x: (np.asarray(x.leaf_valid, bool) if x.leaf_valid is not None
                        else np.ones(x.num_nodes, bool))
-    out[index[key]] = Tree(
+    out[index[key]] = TrainTree(
         parent=np.concatenate([base.parent, parent]), spans=np.concatenate([base.spans, spans]),
         tokens=np.concatenate([base.tokens, t.tokens[flat]]),
         loss_mask=np.concatenate([base.loss_mask, t.loss_mask[flat]]),
@@ -234,13 +234,13 @@ class BatchTotals:
   num_groups: float
 
 
-def _valid_lengths(trees: list[Tree]) -> list[dict[int, float]]:
+def _valid_lengths(trees: list[TrainTree]) -> list[dict[int, float]]:
   lengths = [{int(l): float(t.loss_mask[t.path_tokens(l)].sum()) for l in t.leaves()}
              for t in trees]
   return [{l: n for l, n in d.items() if n > 0} for d in lengths]
 
 
-def batch_totals(trees: list[Tree]) -> BatchTotals:
+def batch_totals(trees: list[TrainTree]) -> BatchTotals:
   """This process's totals (groups must not straddle processes)."""
   valid = _valid_lengths(trees)
   groups = {t.group_id for t, d in zip(trees, valid) if d}
@@ -249,7 +249,7 @@ def batch_totals(trees: list[Tree]) -> BatchTotals:
                      num_groups=float(len(groups)))
 
 
-def global_totals(trees: list[Tree]) -> BatchTotals:
+def global_totals(trees: list[TrainTree]) -> BatchTotals:
   """`batch_totals` summed over all processes (a collective: every process must call it)."""
   from jax.experimental import multihost_utils
   local = batch_totals(trees)
@@ -258,33 +258,27 @@ def global_totals(trees: list[Tree]) -> BatchTotals:
   return BatchTotals(*map(float, total))
 
 
-def _leaf_weights(trees: list[Tree], aggregation: str,
+def _leaf_weights(trees: list[TrainTree], aggregation: str,
                   totals: BatchTotals | None = None) -> list[dict[int, float]]:
-  """Per tree, {leaf: w_leaf} for the aggregation, matching `losses.leaf_token_weights`."""
+  """Per tree, {leaf: w_leaf} for the aggregation (`losses.leaf_weights`, as the per-leaf rows
+  are weighed on device)."""
   check_aggregation(aggregation)
   valid = _valid_lengths(trees)
+  items = [(i, leaf, n) for i, d in enumerate(valid) for leaf, n in d.items()]
   totals = totals or batch_totals(trees)
-  total_tokens, num_valid, num_groups = totals.num_tokens, totals.num_leaves, totals.num_groups
-  group_size: dict[int, int] = {}
-  for t, d in zip(trees, valid):
-    group_size[t.group_id] = group_size.get(t.group_id, 0) + len(d)
-  out = []
-  for t, d in zip(trees, valid):
-    w = {}
-    for leaf, n in d.items():
-      if aggregation == "token_sum":
-        w[leaf] = 1.0
-      elif aggregation == "token_mean":
-        w[leaf] = 1.0 / total_tokens
-      elif aggregation == "traj_mean":
-        w[leaf] = 1.0 / (n * num_valid)
-      else:
-        w[leaf] = 1.0 / (n * group_size[t.group_id] * num_groups)
-    out.append(w)
+  if not items:
+    return [{} for _ in trees]
+  lengths = np.array([n for *_, n in items], np.float32)
+  groups = np.array([trees[i].group_id for i, *_ in items], np.int32)
+  w = np.asarray(leaf_weights(lengths, groups, aggregation, num_leaves=totals.num_leaves,
+                              num_tokens=totals.num_tokens, num_groups=totals.num_groups))
+  out: list[dict[int, float]] = [{} for _ in trees]
+  for (i, leaf, _), wl in zip(items, w):
+    out[i][leaf] = float(wl)
   return out
 
 
-def pack_trees(trees: list[Tree], seq_len: int, max_nodes: int, *, aggregation: str = "traj_mean",
+def pack_trees(trees: list[TrainTree], seq_len: int, max_nodes: int, *, aggregation: str = "traj_mean",
                rows: int | None = None, block: int | None = None,
                max_kv_blocks: int | None = None, share_prompts: bool = True,
                totals: BatchTotals | None = None) -> PackedBatch:

@@ -1,7 +1,7 @@
 """Clipped policy-gradient loss with KL to a reference policy and an optional entropy bonus.
 
 Every aggregation mode is a weighted token sum: trajectory i's token t carries a weight w_it
-(`leaf_token_weights`) and the loss is
+(`leaf_weights`) and the loss is
 
     sum_it w_it * [ -min(rho A_i, clip(rho) A_i) + kl_coef * k3_t - entropy_coef * H_t ]
 
@@ -35,28 +35,44 @@ def check_aggregation(aggregation: str) -> None:
     raise ValueError(f"learner.aggregation={aggregation!r} is not known; known: {AGGREGATIONS}")
 
 
-def leaf_token_weights(loss_mask: jax.Array, group_ids: jax.Array | None,
-                       aggregation: str) -> jax.Array:
-  """Per-token weights w [N, T] of the per-trajectory aggregation (0 outside `loss_mask`)."""
+def leaf_weights(lengths, group_ids, aggregation: str, *, num_leaves=None, num_tokens=None,
+                 num_groups=None) -> jax.Array:
+  """Per-token weight w_leaf [N] of each trajectory under the aggregation; the one definition
+  of loss weighting, used on device (`leaf_token_weights`) and by the host packer.
+
+  lengths [N]: loss tokens of each trajectory (0: not trained, weight 0); group_ids [N] (needed
+  by 'traj_mean_group_mean'). num_leaves / num_tokens / num_groups: the normalisers of the whole
+  batch when these trajectories are only a share of it (several hosts); default: these.
+  Group sizes are always counted here, so a group must not straddle shares.
+  """
   check_aggregation(aggregation)
-  mask = loss_mask.astype(jnp.float32)
-  n = mask.shape[0]
-  lengths = mask.sum(axis=1)
+  lengths = jnp.asarray(lengths, jnp.float32)
+  n = lengths.shape[0]
   valid = lengths > 0
+  ones = valid.astype(jnp.float32)
   if aggregation == "token_sum":
-    return mask
+    return ones
   if aggregation == "token_mean":
-    return mask / jnp.maximum(mask.sum(), 1.0)
-  per_token = mask / jnp.maximum(lengths, 1.0)[:, None]
+    total = lengths.sum() if num_tokens is None else jnp.float32(num_tokens)
+    return ones / jnp.maximum(total, 1.0)
+  per_token = ones / jnp.maximum(lengths, 1.0)
   if aggregation == "traj_mean":
-    return per_token / jnp.maximum(valid.sum(), 1.0)
+    count = valid.sum() if num_leaves is None else jnp.float32(num_leaves)
+    return per_token / jnp.maximum(count, 1.0)
   if group_ids is None:
     raise ValueError("aggregation 'traj_mean_group_mean' needs group_ids")
-  groups = dense_ids(group_ids, valid)
-  size = jax.ops.segment_sum(valid.astype(jnp.float32), groups, num_segments=n)
-  num_groups = jnp.maximum((size > 0).sum(), 1)
-  scale = 1.0 / (jnp.maximum(size[groups], 1.0) * num_groups)
-  return per_token * jnp.where(valid, scale, 0.0)[:, None]
+  groups = dense_ids(jnp.asarray(group_ids), valid)
+  size = jax.ops.segment_sum(ones, groups, num_segments=n)
+  count = (size > 0).sum() if num_groups is None else jnp.float32(num_groups)
+  scale = 1.0 / (jnp.maximum(size[groups], 1.0) * jnp.maximum(count, 1.0))
+  return per_token * jnp.where(valid, scale, 0.0)
+
+
+def leaf_token_weights(loss_mask: jax.Array, group_ids: jax.Array | None,
+                       aggregation: str) -> jax.Array:
+  """Per-token weights w [N, T] of per-trajectory rows (0 outside `loss_mask`)."""
+  mask = loss_mask.astype(jnp.float32)
+  return mask * leaf_weights(mask.sum(axis=1), group_ids, aggregation)[:, None]
 
 
 def split_by_sign(advantages: jax.Array, weights: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tree_rl.learner.batches import Tree
+from tree_rl.learner.batches import TrainTree
 
 
 def _build(rng, parent, lengths, vocab, loss_first, logp_scale=1.0, group_id=0,
@@ -38,12 +38,12 @@ def _build(rng, parent, lengths, vocab, loss_first, logp_scale=1.0, group_id=0,
     tokens[:k] = prng.integers(1, vocab, k)
     old[:k] = -logp_scale * prng.exponential(size=k)
     ref[:k] = -logp_scale * prng.exponential(size=k)
-  return Tree(parent=np.asarray(parent), spans=np.asarray(spans), tokens=tokens,
+  return TrainTree(parent=np.asarray(parent), spans=np.asarray(spans), tokens=tokens,
               loss_mask=loss_mask, old_logp=old, ref_logp=ref, advantages=adv, group_id=group_id)
 
 
 def random_tree(rng: np.random.Generator, num_nodes: int, vocab: int, max_len: int = 6,
-                group_id: int = 0) -> Tree:
+                group_id: int = 0) -> TrainTree:
   """Random parents (parent[i] < i), node lengths 0..max_len, mixed-sign advantages."""
   parent = [-1] + [int(rng.integers(0, i)) for i in range(1, num_nodes)]
   lengths = [(int(rng.integers(1, max_len + 1)), int(rng.integers(0, 3))) for _ in parent]
@@ -51,7 +51,7 @@ def random_tree(rng: np.random.Generator, num_nodes: int, vocab: int, max_len: i
 
 
 def tree_grpo_tree(rng, *, steps=4, n=2, l=1, prompt=64, action=32, obs=32, vocab=1000,
-                   group_id=0) -> Tree:
+                   group_id=0) -> TrainTree:
   """One Tree-GRPO tree: a chain of `steps` agent steps, then l*n expansions, each from a node
   picked uniformly among the root and the non-leaf nodes, running to a full episode. Trees of
   one group_id share the prompt (root) tokens."""
@@ -77,7 +77,7 @@ def tree_grpo_tree(rng, *, steps=4, n=2, l=1, prompt=64, action=32, obs=32, voca
 
 
 def patr_tree(rng, *, b0=4, m=2, k=2, rounds=2, prompt=64, action=32, obs=32, vocab=1000,
-              group_id=0) -> Tree:
+              group_id=0) -> TrainTree:
   """A PATR-shaped tree: b0 branches advance k steps; then each round the top half expands
   into m children, a quarter survives and a quarter is pruned (kept as a leaf)."""
   parent = [-1]

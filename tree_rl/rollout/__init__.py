@@ -8,6 +8,6 @@ scorers and budget accounting.
 
 from tree_rl.rollout import budget, methods, routing, scorers, sequences, tree
 from tree_rl.rollout.budget import Budget
-from tree_rl.rollout.driver import RolloutOutput, learner_inputs, learner_trees, run
+from tree_rl.rollout.driver import RolloutOutput, run
 from tree_rl.rollout.engine import Engine, Layout, RolloutError
 from tree_rl.rollout.tree import Tree

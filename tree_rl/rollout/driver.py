@@ -1,12 +1,12 @@
-"""Run a rollout method on the engine and package the result for the learner.
+"""Run a rollout method on the engine: one loop of turns and turn-boundary decisions.
 
     engine = Engine(env, tokenizer, max_turns=..., max_tokens_per_turn=...)
     policy = methods.get(config.rollout.method)(config.rollout)
     out, cache = run(engine, policy, cache, env_states, key, scorer=scorer)
 
 `RolloutOutput` holds the tree, the group's leaves ([P, L]: node ids, kept mask, outcome
-rewards, tree ids), the per-prompt budget and statistics. `learner_inputs` flattens the leaves
-for `tree_rl.learner.advantages`; `learner_trees` builds `tree_rl.learner.batches.Tree`s.
+rewards, tree ids), the per-prompt budget and statistics; `tree_rl.learner.from_rollout` turns
+it into learner batches.
 """
 
 from __future__ import annotations
@@ -155,52 +155,3 @@ def statistics(rs: RolloutState, ids, valid, reward) -> dict:
     out[f"budget/{k}"] = int(x.sum())
   out["budget/no_sharing_prefilled"] = int(b["prefilled"].sum() + b["reused"].sum())
   return out
-
-
-# ------------------------------------------------------------------------------- learner
-
-
-def learner_inputs(out: RolloutOutput) -> dict:
-  """Flat [P*L] arrays for `tree_rl.learner.advantages` estimators: rewards, prompt_ids,
-  tree_ids (unique per prompt and tree), valid."""
-  p, l = out.leaf.shape
-  pid = jnp.broadcast_to(out.tree.prompt_id[:, None], (p, l))
-  m = jnp.max(out.tree.tree_id) + 1
-  return dict(rewards=out.reward.reshape(-1), prompt_ids=pid.reshape(-1),
-              tree_ids=(pid * m + jnp.maximum(out.tree_id, 0)).reshape(-1),
-              valid=out.valid.reshape(-1))
-
-
-def learner_trees(out: RolloutOutput, advantages) -> list:
-  """One `tree_rl.learner.batches.Tree` per (prompt, tree) with the leaves' advantages.
-
-  advantages: [P * L] or [P, L] per leaf (as `learner_inputs` orders them).
-  """
-  from tree_rl.learner.batches import Tree as LearnerTree
-
-  t = jax.device_get(out.tree)
-  adv = np.asarray(advantages, np.float32).reshape(out.leaf.shape)
-  leaf, valid = np.asarray(out.leaf), np.asarray(out.valid)
-  trees = []
-  for p in range(t.parent.shape[0]):
-    used = np.nonzero(t.used[p])[0]
-    for tid in np.unique(t.tree_id[p, used]):
-      nodes = used[t.tree_id[p, used] == tid]
-      local = {int(n): i for i, n in enumerate(nodes)}
-      parent = np.array([local.get(int(t.parent[p, n]), -1) for n in nodes])
-      lens = t.policy_len[p, nodes] + t.obs_len[p, nodes]
-      ends = np.cumsum(lens)
-      spans = np.stack([ends - lens, ends], axis=1)
-      toks = np.concatenate([t.tokens[p, n, :k] for n, k in zip(nodes, lens)])
-      mask = np.concatenate([np.arange(k) < t.policy_len[p, n] for n, k in zip(nodes, lens)])
-      logp = np.concatenate([t.logprobs[p, n, :k] for n, k in zip(nodes, lens)])
-      node_adv = np.zeros(len(nodes), np.float32)
-      leaf_valid = np.zeros(len(nodes), bool)
-      for j in range(leaf.shape[1]):
-        if leaf[p, j] >= 0 and int(leaf[p, j]) in local:
-          node_adv[local[int(leaf[p, j])]] = adv[p, j]
-          leaf_valid[local[int(leaf[p, j])]] = valid[p, j]
-      trees.append(LearnerTree(parent=parent, spans=spans, tokens=toks, loss_mask=mask,
-                               old_logp=logp.astype(np.float32), advantages=node_adv,
-                               group_id=int(t.prompt_id[p]), leaf_valid=leaf_valid))
-  return trees

@@ -140,14 +140,6 @@ def path_nodes(tree: Tree, max_depth: int) -> jax.Array:
   return jnp.where(k < count, out, -1)
 
 
-def ancestor_matrix(tree: Tree, max_depth: int) -> jax.Array:
-  """bool [P, N, N]: [p, i, j] is True when j is i itself or an ancestor of i (both used)."""
-  paths = path_nodes(tree, max_depth)
-  n = tree.capacity
-  onehot = (paths[..., None] == jnp.arange(n)[None, None, None]) & (paths[..., None] >= 0)
-  return jnp.any(onehot, axis=2)
-
-
 def leaf_ids(tree: Tree, max_leaves: int) -> tuple[jax.Array, jax.Array]:
   """Leaves of each prompt in creation order: (ids [P, max_leaves] with -1 fill, mask)."""
   ids = jax.vmap(lambda m: jnp.nonzero(m, size=max_leaves, fill_value=-1)[0])(tree.is_leaf)
