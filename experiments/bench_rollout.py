@@ -96,12 +96,12 @@ def main(_):
   rows, caches = [], {}
   for method in _METHODS.value:
     c.rollout.method = method
-    policy = rbuild.make_policy(c)
+    method = rbuild.make_method(c)
     scorer = rbuild.make_scorer(c, policy, env=env, tokenizer=tok, policy_model=model)
     for share in ([True, False] if method in _BASELINE.value else [True]):
       engine = rbuild.make_engine(c, env, tok, share_prefix=share, row_buckets=_ROWS.value,
                                   obs_buckets=_OBS_BUCKETS.value)
-      layout = Layout(_PROMPTS.value, policy.capacity(engine.max_turns), policy.slots, policy.num_trees)
+      layout = Layout(_PROMPTS.value, method.capacity(engine.max_turns), method.slots, method.num_trees)
       key = (layout.capacity, layout.slots)
       if key not in caches:
         caches[key] = engine.new_cache(model, layout, num_pages=_PAGES.value, page_size=_PAGE.value,
@@ -111,7 +111,7 @@ def main(_):
         p = _PROMPTS.value
         states = jax.tree.map(lambda x: x[rep * p:(rep + 1) * p], states_all)
         t0 = time.perf_counter()
-        out, caches[key] = run(engine, policy, caches[key], states, jax.random.key(rep),
+        out, caches[key] = run(engine, method, caches[key], states, jax.random.key(rep),
                                scorer=scorer)
         jax.block_until_ready(out.tree.tokens)
         if rep >= _WARMUP.value:

@@ -100,7 +100,7 @@ class Workload:
 
     def prefill(cache, slots, toks, lens):
       cache, out = sampling.prefill(cache, slots, toks, lens)
-      assert (np.asarray(out.status) == sampling.OK).all()
+      assert (np.asarray(out.status) == sampling.Status.OK).all()
       stats["prefill_tokens"] += int(np.asarray(out.computed).sum())
       return cache
 

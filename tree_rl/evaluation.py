@@ -40,11 +40,11 @@ class Evaluator:
       c.rollout.group_size = group
       c.rollout.temperature = temperature
       c.rollout.budget = 0
-      policy = rollout_build.make_policy(c)
+      method = rollout_build.make_method(c)
       engine = rollout_build.make_engine(c, env, tokenizer, row_buckets="full", obs_buckets=False)
-      layout = Layout(self.chunk, policy.capacity(engine.max_turns), policy.slots, policy.num_trees)
-      pages = self.chunk * policy.slots * engine.pages_per_seq(int(config.sampler.page_size))
-      self.modes[mode] = (policy, engine, layout, pages)
+      layout = Layout(self.chunk, method.capacity(engine.max_turns), method.slots, method.num_trees)
+      pages = self.chunk * method.slots * engine.pages_per_seq(int(config.sampler.page_size))
+      self.modes[mode] = (method, engine, layout, pages)
 
   def cache_needs(self) -> tuple[int, int]:
     """(sequence slots, KV pages) a cache needs for every evaluation rollout."""
@@ -53,12 +53,12 @@ class Evaluator:
 
   def _rollouts(self, mode: str, cache, key):
     """Per prompt: rewards [N, L], valid [N, L], turns [N, L], per-prompt budget sums; cache."""
-    policy, engine, layout, pages = self.modes[mode]
+    method, engine, layout, pages = self.modes[mode]
     rewards, valid, turns, calls, generated = [], [], [], [], []
     for lo in range(0, self.num_prompts, self.chunk):
       idx = np.minimum(np.arange(lo, lo + self.chunk), self.num_prompts - 1)
       states = jax.tree.map(lambda x: x[idx], self.states)
-      out, cache = run(engine, policy, cache, states, jax.random.fold_in(key, lo),
+      out, cache = run(engine, method, cache, states, jax.random.fold_in(key, lo),
                        prompt_ids=jnp.asarray(idx, jnp.int32), capacity=layout.capacity)
       real = (np.arange(lo, lo + self.chunk) < self.num_prompts)
       rewards.append(np.asarray(out.reward)[real])

@@ -43,7 +43,7 @@ class Parts:
   model: Any                 # NNX policy model (the sampler's weights are copied into it)
   model_config: Any
   tasks: tasks.TaskSet
-  policy: Any
+  method: Any                # the rollout method (branching rule)
   engine: Any
   scorer: Any
   layout: Layout
@@ -56,13 +56,13 @@ def build_parts(config) -> Parts:
   tokenizer = build_tokenizer(config)
   model, model_config = build_model(config, tokenizer, seed=int(config.seed))
   task_set = tasks.build(config, tokenizer)
-  policy, engine, layout = rollout_build.make_training_engine(config, task_set.train_env, tokenizer)
-  scorer = rollout_build.make_scorer(config, policy, env=task_set.train_env, tokenizer=tokenizer,
+  method, engine, layout = rollout_build.make_training_engine(config, task_set.train_env, tokenizer)
+  scorer = rollout_build.make_scorer(config, method, env=task_set.train_env, tokenizer=tokenizer,
                                      policy_model=model)
   validate(config, engine=engine, layout=layout)
   train_step = make_train_step(config, model)
   evaluator = Evaluator(config, task_set.test_env, task_set.test_states, tokenizer)
-  return Parts(config, tokenizer, model, model_config, task_set, policy, engine, scorer, layout,
+  return Parts(config, tokenizer, model, model_config, task_set, method, engine, scorer, layout,
                train_step, evaluator)
 
 
@@ -119,7 +119,7 @@ def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: i
   ids = _prompt_order(config, parts.tasks.num_train, position, p)
   states = jax.tree.map(lambda x: x[ids], parts.tasks.train_states)
   t0 = time.perf_counter()
-  out, cache = run(parts.engine, parts.policy, cache, states, _step_key(config, step, 0),
+  out, cache = run(parts.engine, parts.method, cache, states, _step_key(config, step, 0),
                    prompt_ids=jnp.asarray(ids), scorer=parts.scorer,
                    budget=int(config.rollout.budget), budget_unit=config.rollout.budget_unit)
   jax.block_until_ready(out.tree.tokens)

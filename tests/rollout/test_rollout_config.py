@@ -10,15 +10,15 @@ def test_every_method_selectable_with_its_config_fields():
   c = base_config()
   for name in ("chain", "tree_grpo", "patr", "tree_random"):
     c.rollout.method = name
-    policy = build.make_policy(c)
-    assert policy.name == name
+    method = build.make_method(c)
+    assert method.name == name
   c.rollout.method = "tree_grpo"
   c.rollout.num_trees, c.rollout.expand_nodes, c.rollout.expand_iterations = 3, 2, 2
-  p = build.make_policy(c)
+  p = build.make_method(c)
   assert (p.num_trees, p.expand_nodes, p.expand_iterations, p.slots) == (3, 2, 2, 6)
   assert p.capacity(4) == 3 + 3 * (1 + 2 * 2) * 4
   c.rollout.method = "tree_random"
-  assert build.make_policy(c).scorer_override == "random"
+  assert build.make_method(c).scorer_override == "random"
 
 
 def test_custom_method_registered_by_name():
@@ -28,7 +28,7 @@ def test_custom_method_registered_by_name():
 
   c = base_config()
   c.rollout.method = "chain_of_two"
-  assert build.make_policy(c).slots == 2
+  assert build.make_method(c).slots == 2
 
 
 @pytest.mark.parametrize("field,value,match", [

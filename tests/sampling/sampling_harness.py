@@ -35,7 +35,7 @@ class Driver:
     self.cache, out = sampling.prefill(self.cache, slots, toks, lens, valid, **kw)
     status = np.asarray(out.status)
     for i, (s, c) in enumerate(chunks.items()):
-      if status[i] == sampling.OK:
+      if status[i] == sampling.Status.OK:
         self.seqs[s] = self.seqs.get(s, []) + list(c)
     return out
 
@@ -46,7 +46,7 @@ class Driver:
     self.cache, status = sampling.fork(self.cache, par, chi, valid)
     status = np.asarray(status)
     for i, (p, c) in enumerate(pairs):
-      if status[i] == sampling.OK:
+      if status[i] == sampling.Status.OK:
         self.seqs[c] = list(self.seqs[p])
     return status
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tree_rl import sampling
-from tree_rl.sampling import stop_reasons as R
+from tree_rl.sampling import StopReason as R
 
 from sampling_helpers import check_greedy, check_invariants, dense_logprobs
 from sampling_harness import MAX_NEW, Driver
@@ -20,7 +20,7 @@ def check_all(model, result, logprob_atol=2e-4):
 def test_single_sequence(model):
   d = Driver(model)
   pre = d.prefill({0: [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]})
-  assert int(pre.status[0]) == sampling.OK and int(pre.computed[0]) == 11
+  assert int(pre.status[0]) == sampling.Status.OK and int(pre.computed[0]) == 11
   np.testing.assert_allclose(_log_softmax(pre.logits[0]), dense_logprobs(model, d.seqs[0])[-1], atol=2e-4)
   for _ in range(3):  # three turns back to back: the pending token carries over
     out, res = d.decode([0])
@@ -57,7 +57,7 @@ def test_forks_mid_page_and_mid_turn_then_decoded_apart(model, attention):
   d = Driver(model, attention=attention)
   d.prefill({0: [9, 8, 7, 6, 5, 4]})                   # 5 tokens stored: mid-page (page 4)
   status = d.fork([(0, 1), (0, 2), (0, 3)])
-  assert (status[:3] == sampling.OK).all()
+  assert (status[:3] == sampling.Status.OK).all()
   check_invariants(d.cache)
   # Sampled turns make the branches diverge; logprobs verify each branch's cache.
   out, res = d.decode([0, 1, 2, 3], key=1, max_tokens=[5, 5, 5, 5], temperature=1.0)
@@ -68,7 +68,7 @@ def test_forks_mid_page_and_mid_turn_then_decoded_apart(model, attention):
   check_invariants(d.cache)
   # Fork again mid-turn (after 5 of 8 tokens, mid-page), give the children different chunks.
   status = d.fork([(2, 4), (2, 5)])
-  assert (status[:2] == sampling.OK).all()
+  assert (status[:2] == sampling.Status.OK).all()
   d.prefill({4: [1, 2, 3], 5: [33]})
   out, res = d.decode([0, 2, 4, 5])
   check_all(model, res)

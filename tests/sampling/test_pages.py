@@ -8,7 +8,7 @@ import pytest
 
 from tree_rl import sampling
 from tree_rl.sampling import api
-from tree_rl.sampling import stop_reasons as R
+from tree_rl.sampling import StopReason as R
 
 from sampling_helpers import check_greedy, check_invariants
 from sampling_harness import MAX_NEW, Driver
@@ -18,7 +18,7 @@ def test_tree_workload_page_bound(model):
   p_len, ps, branches, g = 10, 4, 4, MAX_NEW
   d = Driver(model, page_size=ps)
   d.prefill({0: list(range(1, p_len + 1))})
-  assert (d.fork([(0, c) for c in range(1, branches + 1)])[:branches] == sampling.OK).all()
+  assert (d.fork([(0, c) for c in range(1, branches + 1)])[:branches] == sampling.Status.OK).all()
   out, res = d.decode(list(range(1, branches + 1)), key=3, temperature=1.0)
   assert (np.asarray(out.lengths)[:branches] == g).all()
   peak = int(d.cache.state.peak_pages[0])
@@ -31,7 +31,7 @@ def test_tree_workload_page_bound(model):
 def test_pool_exhaustion_is_a_clear_recoverable_signal(model):
   d = Driver(model, num_pages=12)
   d.prefill({0: [9, 8, 7, 6, 5, 4]})                       # 5 stored tokens: 2 pages
-  assert (d.fork([(0, 1), (0, 2), (0, 3)])[:3] == sampling.OK).all()   # +3 copied partial pages
+  assert (d.fork([(0, 1), (0, 2), (0, 3)])[:3] == sampling.Status.OK).all()   # +3 copied partial pages
   assert int(sampling.pages_in_use(d.cache)[0]) == 5
   # 4 rows need 2 pages each (at positions 8 and 12); 7 are free, so the last row stops at 12.
   out, res = d.decode([0, 1, 2, 3])
@@ -48,8 +48,8 @@ def test_pool_exhaustion_is_a_clear_recoverable_signal(model):
   # Prefill and fork refuse rather than overwrite.
   before = np.asarray(d.cache.state.k).copy()
   pre = d.prefill({4: list(range(12))})
-  assert int(pre.status[0]) == sampling.OUT_OF_PAGES and 4 not in d.seqs
-  assert int(d.fork([(1, 5)])[0]) == sampling.OUT_OF_PAGES
+  assert int(pre.status[0]) == sampling.Status.OUT_OF_PAGES and 4 not in d.seqs
+  assert int(d.fork([(1, 5)])[0]) == sampling.Status.OUT_OF_PAGES
   np.testing.assert_array_equal(np.asarray(d.cache.state.k), before)
   check_invariants(d.cache)
   # Recover: free a branch, the stopped row continues exactly.
@@ -130,9 +130,9 @@ def test_prefill_without_cache_reads_refuses_rows_with_cached_pages(model):
   d = Driver(model)
   d.prefill({0: [1, 2, 3, 4, 5, 6]}, read_cache=False)              # fresh: allowed
   out = d.prefill({0: [7, 8], 1: [9, 10]}, read_cache=False)        # slot 0 has cached pages
-  np.testing.assert_array_equal(np.asarray(out.status)[:2], [sampling.INVALID, sampling.OK])
+  np.testing.assert_array_equal(np.asarray(out.status)[:2], [sampling.Status.INVALID, sampling.Status.OK])
   out = d.prefill({0: [7, 8]})                                       # auto: reads the cache
-  assert int(out.status[0]) == sampling.OK
+  assert int(out.status[0]) == sampling.Status.OK
   _, res = d.decode([0, 1])
   for prefix, new, lps in res.values():
     check_greedy(model, prefix, new, lps)

@@ -29,22 +29,22 @@ def test_random_programs_keep_refcounts_consistent(data):
       stored_after = len(d.seqs.get(s, [])) + n - 1
       out = d.prefill({s: [(7 * i + j) % 64 for j in range(n)]})
       status = int(out.status[0])
-      event(f"prefill {sampling.STATUS_NAMES[status]}")
-      assert (status == sampling.SEQ_CAPACITY) == (stored_after > 32)
-      assert status in (sampling.OK, sampling.OUT_OF_PAGES, sampling.SEQ_CAPACITY)
+      event(f"prefill {sampling.Status(status).name.lower()}")
+      assert (status == sampling.Status.SEQ_CAPACITY) == (stored_after > 32)
+      assert status in (sampling.Status.OK, sampling.Status.OUT_OF_PAGES, sampling.Status.SEQ_CAPACITY)
     elif kind == "fork":
       a, b = pick(live), pick(dead)
       well_formed = a in d.seqs and b not in d.seqs and a != b
       status = int(d.fork([(a, b)])[0])
-      event(f"fork {sampling.STATUS_NAMES[status]}")
-      assert (status in (sampling.OK, sampling.OUT_OF_PAGES)) == well_formed
+      event(f"fork {sampling.Status(status).name.lower()}")
+      assert (status in (sampling.Status.OK, sampling.Status.OUT_OF_PAGES)) == well_formed
     elif kind == "decode":
       rows = data.draw(st.lists(st.sampled_from(live) if live else slot, min_size=1, max_size=B, unique=True))
       n = data.draw(st.integers(0, 8))
       out, _ = d.decode(rows, key=i, max_tokens=[n] * len(rows), temperature=1.0,
                         attention="cascade", shared_pages=8, window_pages=8)
       for r in out.stop_reason[:len(rows)].tolist():
-        event(f"decode {sampling.REASON_NAMES[r]}")
+        event(f"decode {sampling.StopReason(r).name.lower()}")
     else:
       d.release([pick(live)])
     check_invariants(d.cache, seqs=d.seqs)

@@ -1,9 +1,9 @@
-"""Tree rollouts: one engine, method policies (chain, tree_grpo, patr, tree_random), process
+"""Tree rollouts: one engine, rollout methods (chain, tree_grpo, patr, tree_random), process
 scorers and budget accounting.
 
     engine = Engine(env, tokenizer, max_turns=..., max_tokens_per_turn=...)
-    policy = methods.get(config.rollout.method)(config.rollout)
-    out, cache = run(engine, policy, cache, env_states, key, scorer=scorers.build(config.scorer, env=env))
+    method = methods.get(config.rollout.method)(config.rollout)
+    out, cache = run(engine, method, cache, env_states, key, scorer=scorers.build(config.scorer, env=env))
 """
 
 from tree_rl.rollout import budget, methods, routing, scorers, sequences, tree

@@ -1,4 +1,4 @@
-"""Engine, policy and scorer from a config (`config.rollout`, `config.scorer`), with validation."""
+"""Engine, rollout method and scorer from a config (`config.rollout`, `config.scorer`), with validation."""
 
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ def validate(config) -> None:
     raise ValueError(f"config.rollout.temperature must be >= 0, got {r.temperature}")
   if int(r.budget) < 0:
     raise ValueError(f"config.rollout.budget must be >= 0 (0 = unlimited), got {r.budget}")
-  policy = methods.get(r.method)(r)            # raises on bad method fields
-  if policy.score_every:
-    scorers.get(policy.scorer_override or config.scorer.name)
+  method = methods.get(r.method)(r)            # raises on bad method fields
+  if method.score_every:
+    scorers.get(method.scorer_override or config.scorer.name)
 
 
-def make_policy(config) -> methods.Policy:
+def make_method(config) -> methods.RolloutMethod:
   validate(config)
   return methods.get(config.rollout.method)(config.rollout)
 
@@ -37,22 +37,22 @@ def make_engine(config, env, tokenizer, **kwargs) -> Engine:
                 temperature=float(r.temperature), top_k=int(r.top_k), top_p=float(r.top_p), **kwargs)
 
 
-def make_training_engine(config, env, tokenizer) -> tuple[methods.Policy, Engine, Layout]:
-  """(policy, engine, layout) of the training loop's rollouts: full-width rows and full-width
+def make_training_engine(config, env, tokenizer) -> tuple[methods.RolloutMethod, Engine, Layout]:
+  """(method, engine, layout) of the training loop's rollouts: full-width rows and full-width
   observation prefills (one compiled shape per turn kind), `prompts_per_step` prompts."""
-  policy = make_policy(config)
+  method = make_method(config)
   engine = make_engine(config, env, tokenizer, row_buckets="full", obs_buckets=False)
-  layout = Layout(int(config.rollout.prompts_per_step), policy.capacity(engine.max_turns),
-                  policy.slots, policy.num_trees)
-  return policy, engine, layout
+  layout = Layout(int(config.rollout.prompts_per_step), method.capacity(engine.max_turns),
+                  method.slots, method.num_trees)
+  return method, engine, layout
 
 
-def make_scorer(config, policy: methods.Policy, *, env=None, tokenizer=None, policy_model=None,
+def make_scorer(config, method: methods.RolloutMethod, *, env=None, tokenizer=None, policy_model=None,
                 judge_model=None, prm_model=None):
-  """The process scorer the policy needs (None for chain / tree_grpo)."""
-  if not policy.score_every:
+  """The process scorer the rollout method needs (None for chain / tree_grpo)."""
+  if not method.score_every:
     return None
   return scorers.from_config(config, env=env, tokenizer=tokenizer, policy_model=policy_model,
                              judge_model=judge_model, prm_model=prm_model,
-                             name=policy.scorer_override,
-                             max_batch=int(config.rollout.prompts_per_step) * policy.slots)
+                             name=method.scorer_override,
+                             max_batch=int(config.rollout.prompts_per_step) * method.slots)

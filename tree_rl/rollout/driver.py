@@ -1,8 +1,8 @@
 """Run a rollout method on the engine: one loop of turns and turn-boundary decisions.
 
     engine = Engine(env, tokenizer, max_turns=..., max_tokens_per_turn=...)
-    policy = methods.get(config.rollout.method)(config.rollout)
-    out, cache = run(engine, policy, cache, env_states, key, scorer=scorer)
+    method = methods.get(config.rollout.method)(config.rollout)
+    out, cache = run(engine, method, cache, env_states, key, scorer=scorer)
 
 `RolloutOutput` holds the tree, the group's leaves ([P, L]: node ids, kept mask, outcome
 rewards, tree ids), the per-prompt budget and statistics; `tree_rl.learner.from_rollout` turns
@@ -23,7 +23,7 @@ from flax import struct
 from tree_rl.rollout import scorers as scorer_lib
 from tree_rl.rollout.budget import Budget, check_unit, exhausted
 from tree_rl.rollout.engine import Engine, Layout, RolloutState
-from tree_rl.rollout.methods import Policy, alive
+from tree_rl.rollout.methods import RolloutMethod, alive
 from tree_rl.rollout.tree import Tree, gather, leaf_ids, scatter
 
 
@@ -38,20 +38,14 @@ class RolloutOutput:
   stats: dict
 
 
-def max_leaves(policy: Policy) -> int:
-  if policy.name == "tree_grpo":
-    return policy.num_trees * (1 + policy.expand_iterations * policy.expand_nodes)
-  return policy.slots
-
-
 def _scatter_frontier(field, frontier, values):
   return scatter(field, jnp.where(frontier >= 0, frontier, -1), values)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 7, 8))
-def _boundary(policy: Policy, tree, budget, frontier, pstate, scores, key, limit, unit):
+def _boundary(method: RolloutMethod, tree, budget, frontier, pstate, scores, key, limit, unit):
   go = alive(tree, frontier)
-  parents, pstate, pruned = policy.next(tree, frontier, pstate, scores, key)
+  parents, pstate, pruned = method.next(tree, frontier, pstate, scores, key)
   over = exhausted(budget, limit, unit)
   parents = jnp.where(over[:, None], -1, parents)
   continued = jnp.any(frontier[:, :, None] == jnp.where(parents >= 0, parents, -2)[:, None, :], axis=2)
@@ -71,8 +65,8 @@ def _boundary(policy: Policy, tree, budget, frontier, pstate, scores, key, limit
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _first(policy: Policy, tree, pstate):
-  return policy.first(tree, pstate)
+def _first(method: RolloutMethod, tree, pstate):
+  return method.first(tree, pstate)
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
@@ -81,8 +75,8 @@ def _score_input(tree, nodes, max_len, max_depth):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
-def _finish(policy: Policy, tree, key, width):
-  keep = policy.keep_leaves(tree, key)
+def _finish(method: RolloutMethod, tree, key, width):
+  keep = method.keep_leaves(tree, key)
   ids, mask = leaf_ids(tree, width)
   valid = mask & gather(keep, ids)
   reward = jnp.where(mask, gather(tree.ret, ids), 0.0)
@@ -90,43 +84,43 @@ def _finish(policy: Policy, tree, key, width):
   return ids, valid, reward, tid
 
 
-def run(engine: Engine, policy: Policy, cache, env_states, key, *, prompt_ids=None,
+def run(engine: Engine, method: RolloutMethod, cache, env_states, key, *, prompt_ids=None,
         scorer=None, budget: int = 0, budget_unit: str = "generated",
         capacity: int | None = None) -> tuple[RolloutOutput, Any]:
-  """Roll out `policy` for the prompts whose initial env states are `env_states` (leading [P]).
+  """Roll out `method` for the prompts whose initial env states are `env_states` (leading [P]).
 
-  scorer: a built process scorer (`scorers.build`), needed by scoring policies. Returns the
+  scorer: a built process scorer (`scorers.build`), needed by scoring methods. Returns the
   output and the cache (all its pages released). capacity: node slots per prompt when more
-  than the policy needs (lets several methods share one cache shape).
+  than the method needs (lets several methods share one cache shape).
   """
   check_unit(budget_unit)
-  if policy.score_every and scorer is None:
-    raise ValueError(f"rollout method {policy.name!r} needs a process scorer (config.scorer.name)")
+  if method.score_every and scorer is None:
+    raise ValueError(f"rollout method {method.name!r} needs a process scorer (config.scorer.name)")
   p = jax.tree.leaves(env_states)[0].shape[0]
-  need = policy.capacity(engine.max_turns)
+  need = method.capacity(engine.max_turns)
   if capacity is not None and capacity < need:
-    raise ValueError(f"capacity={capacity} is below the {need} nodes per prompt {policy.name!r} needs")
-  layout = Layout(num_prompts=p, capacity=capacity or need, slots=policy.slots,
-                  num_trees=policy.num_trees)
+    raise ValueError(f"capacity={capacity} is below the {need} nodes per prompt {method.name!r} needs")
+  layout = Layout(num_prompts=p, capacity=capacity or need, slots=method.slots,
+                  num_trees=method.num_trees)
   rs = engine.start(cache, env_states, layout, prompt_ids)
-  pstate = policy.init(p)
-  parents, pstate = _first(policy, rs.tree, pstate)
+  pstate = method.init(p)
+  parents, pstate = _first(method, rs.tree, pstate)
   max_len = engine.max_context()
   while True:
     k_turn, k_score, k_route = jax.random.split(jax.random.fold_in(key, rs.turns), 3)
-    rs, frontier = engine.advance(rs, parents, k_turn, keep_parents=policy.keep_contexts)
+    rs, frontier = engine.advance(rs, parents, k_turn, keep_parents=method.keep_contexts)
     scores = None
-    if policy.score_every and rs.turns % policy.score_every == 0:
+    if method.score_every and rs.turns % method.score_every == 0:
       nodes = jnp.where(alive(rs.tree, frontier), frontier, -1)
       inp = _score_input(rs.tree, nodes, max_len, engine.max_turns)
       scores = scorer(inp, k_score).reshape(frontier.shape)
-    parents, pstate, tree, bud, release = _boundary(policy, rs.tree, rs.budget, frontier, pstate,
+    parents, pstate, tree, bud, release = _boundary(method, rs.tree, rs.budget, frontier, pstate,
                                                     scores, k_route, int(budget), budget_unit)
     rs = engine.release(dataclasses.replace(rs, tree=tree, budget=bud), release)
     if not bool(jnp.any(parents >= 0)):
       break
   rs = engine.release(rs, rs.live)
-  ids, valid, reward, tid = _finish(policy, rs.tree, jax.random.fold_in(key, 2**31 - 1), max_leaves(policy))
+  ids, valid, reward, tid = _finish(method, rs.tree, jax.random.fold_in(key, 2**31 - 1), method.max_leaves())
   out = RolloutOutput(tree=rs.tree, leaf=ids, valid=valid, reward=reward, tree_id=tid,
                       budget=rs.budget, stats=statistics(rs, ids, valid, reward))
   return out, rs.cache

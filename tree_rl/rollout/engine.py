@@ -24,7 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax import struct
+
 from tree_rl import sampling
+from tree_rl.buckets import pow2_bucket
 from tree_rl.rollout import tree as tree_lib
 from tree_rl.rollout.budget import Budget, per_parent_forks
 
@@ -54,8 +57,15 @@ class RolloutError(RuntimeError):
   """The sampler could not hold the rollout (page pool or sequence capacity)."""
 
 
-def _bucket(n: int, cap: int) -> int:
-  return max(1, min(cap, 1 << max(0, (n - 1).bit_length())))
+@struct.dataclass
+class TurnPlan:
+  """One turn's branch requests compacted into W rows (row w: one new child node)."""
+
+  prompt: jax.Array   # int32 [W] prompt of the row (0 on padding rows)
+  parent: jax.Array   # int32 [W] parent node (-1 on padding rows)
+  child: jax.Array    # int32 [W] new child node (-1 on padding rows)
+  valid: jax.Array    # bool [W] the row is a real request
+  fork: jax.Array     # bool [W] the child branches off a parent that already has a child
 
 
 def action_hash(action: Any) -> jax.Array:
@@ -158,12 +168,13 @@ class Engine:
     f = jnp.maximum(flat, 0)
     wp = (f // s).astype(jnp.int32)
     take = lambda x: jnp.where(valid, x.reshape(-1)[f], -1)  # noqa: E731
-    return dict(wp=jnp.where(valid, wp, 0), wpar=take(parents), wchild=take(children),
-                wvalid=valid, wfork=valid & is_fork.reshape(-1)[f]), children, jnp.any(overflow)
+    plan = TurnPlan(prompt=jnp.where(valid, wp, 0), parent=take(parents), child=take(children),
+                    valid=valid, fork=valid & is_fork.reshape(-1)[f])
+    return plan, children, jnp.any(overflow)
 
-  def _commit(self, tree, budget, plan, out_tokens, out_logprobs, out_lengths, key):
+  def _commit(self, tree, budget, plan: TurnPlan, out_tokens, out_logprobs, out_lengths, key):
     """Step the env for every decoded turn and write the child nodes (one jitted call)."""
-    wp, wpar, wchild, valid = plan["wp"], plan["wpar"], plan["wchild"], plan["wvalid"]
+    wp, wpar, wchild, valid = plan.prompt, plan.parent, plan.child, plan.valid
     w = wp.shape[0]
     nparent = jnp.maximum(wpar, 0)
     toks = jnp.where(out_tokens >= 0, out_tokens, 0).astype(jnp.int32)
@@ -221,7 +232,7 @@ class Engine:
     else:                                 # otherwise every env step is one call
       tool = jnp.ones((w,), jnp.int32)
     tool = jnp.asarray(tool, jnp.int32)
-    forks = plan["wfork"]
+    forks = plan.fork
     budget = budget.add(generated=seg(lens), env_steps=seg(jnp.ones((w,), jnp.int32)),
                         tool_calls=seg(tool), forks=seg(forks.astype(jnp.int32)),
                         reused=seg(jnp.where(forks & self.share_prefix, tree.ctx_len[wp, nparent], 0)))
@@ -248,9 +259,9 @@ class Engine:
 
   def _check(self, what: str, status, slots, valid):
     status, slots, valid = (np.asarray(x) for x in jax.device_get((status, slots, valid)))
-    bad = valid & (status != sampling.OK)
+    bad = valid & (status != sampling.Status.OK)
     if bad.any():
-      names = sorted({sampling.STATUS_NAMES.get(int(s), str(s)) for s in status[bad]})
+      names = sorted({sampling.Status(int(s)).name.lower() for s in status[bad]})
       raise RolloutError(
           f"sampler {what} failed for slots {slots[bad].tolist()[:8]} ({', '.join(names)}): "
           "raise config.sampler.num_pages (page pool) or lower config.rollout.max_turns / "
@@ -304,37 +315,24 @@ class Engine:
     if count == 0:
       return rs, jnp.full(parents.shape, -1, jnp.int32)
     rows = layout.num_prompts * layout.slots
-    width = rows if self.row_buckets == "full" else _bucket(count, rows)
+    width = rows if self.row_buckets == "full" else pow2_bucket(count, 1, rows)
     plan, children, overflow = self._plan_jit(rs.tree, parents, width)
     if bool(overflow):
       raise RolloutError("rollout tree node capacity exceeded (internal sizing error)")
-    wp, valid = plan["wp"], plan["wvalid"]
-    par_slots = self._slots(layout, wp, plan["wpar"])
-    child_slots = self._slots(layout, wp, plan["wchild"])
+    par_slots = self._slots(layout, plan.prompt, plan.parent)
+    child_slots = self._slots(layout, plan.prompt, plan.child)
     if self.share_prefix:
-      cache, st = sampling.fork(rs.cache, par_slots, child_slots, valid)
-    else:  # baseline: a branch re-encodes its whole prefix; a continuation keeps its cache
-      cont = valid & ~plan["wfork"]
-      cache, st = sampling.fork(rs.cache, par_slots, child_slots, cont)
-      rows = jnp.arange(wp.shape[0])
-      if self.row_buckets == "pow2":   # re-encode only the forked rows
-        nf = int(jnp.sum(plan["wfork"]))
-        rows = jnp.nonzero(plan["wfork"], size=_bucket(nf, wp.shape[0]), fill_value=0)[0]
-      fk = plan["wfork"][rows] & (jnp.arange(rows.shape[0]) < jnp.sum(plan["wfork"]))
-      if self.row_buckets == "full":
-        fk = plan["wfork"]
-      ctx, ctx_len = self._context_jit(rs.tree, wp[rows], plan["wpar"][rows])
-      cache, pre0 = sampling.prefill(cache, child_slots[rows], ctx, jnp.maximum(ctx_len, 1), fk)
-      self._check("prefill", pre0.status, child_slots[rows], fk)
-      st = jnp.where(cont, st, sampling.OK)   # forked rows were checked as prefills above
-      rs = dataclasses.replace(rs, budget=self._charge_jit(rs.budget, wp[rows], pre0.computed, fk))
+      cache, st = sampling.fork(rs.cache, par_slots, child_slots, plan.valid)
+      self._check("fork", st, child_slots, plan.valid)
+      rs = dataclasses.replace(rs, cache=cache)
+    else:
+      rs = self._reencode_forks(rs, plan, par_slots, child_slots)
     p_idx = jnp.arange(layout.num_prompts)[:, None]
     live = rs.live.at[p_idx, jnp.where(children >= 0, children, layout.capacity)].set(True, mode="drop")
-    cache, out = sampling.decode(cache, child_slots, key, max_new=self.max_new,
+    cache, out = sampling.decode(rs.cache, child_slots, key, max_new=self.max_new,
                                  stop_ids=self.stop_ids, temperature=self.temperature,
-                                 top_k=self.top_k, top_p=self.top_p, valid=valid,
+                                 top_k=self.top_k, top_p=self.top_p, valid=plan.valid,
                                  attention=self.attention)
-    self._check("fork", st, child_slots, valid)
     msg = sampling.exhaustion_message(cache, child_slots, out)
     if msg:
       raise RolloutError(msg)
@@ -346,17 +344,35 @@ class Engine:
     k_env = jax.random.fold_in(key, 1)
     tree, budget, obs, obs_len, need_obs, ended = self._commit_jit(
         rs.tree, rs.budget, plan, out.tokens, out.logprobs, out.lengths, k_env)
-    # Prefill only as wide as the longest observation (power-of-two buckets: few shapes).
-    if self.obs_buckets:
-      longest = int(jnp.max(obs_len))
-      obs = obs[:, :min(obs.shape[1], max(16, 1 << max(0, (longest - 1).bit_length())))]
+    if self.obs_buckets:   # prefill only as wide as the longest observation
+      obs = obs[:, :pow2_bucket(int(jnp.max(obs_len)), 16, obs.shape[1])]
     cache, pre = sampling.prefill(rs.cache, child_slots, obs, jnp.maximum(obs_len, 1), need_obs)
     self._check("prefill", pre.status, child_slots, need_obs)
-    budget = self._charge_jit(budget, wp, pre.computed, need_obs & (pre.status == sampling.OK))
+    budget = self._charge_jit(budget, plan.prompt, pre.computed, need_obs & (pre.status == sampling.Status.OK))
     peak = jnp.maximum(rs.peak_pages, jnp.max(sampling.pages_in_use(cache)))
     rs = dataclasses.replace(rs, cache=cache, tree=tree, budget=budget, peak_pages=peak,
                              turns=rs.turns + 1)
-    ended_mask = jnp.zeros_like(rs.live).at[wp, jnp.where(ended, plan["wchild"], layout.capacity)].set(
+    ended_mask = jnp.zeros_like(rs.live).at[plan.prompt, jnp.where(ended, plan.child, layout.capacity)].set(
         True, mode="drop")
     rs = self.release(rs, ended_mask)
     return rs, children
+
+  def _reencode_forks(self, rs: RolloutState, plan: TurnPlan, par_slots, child_slots
+                      ) -> RolloutState:
+    """The no-sharing baseline: a continuation keeps its parent's cache, a new branch
+    re-encodes its whole root..parent context (charged as prefilled tokens)."""
+    cont = plan.valid & ~plan.fork
+    cache, st = sampling.fork(rs.cache, par_slots, child_slots, cont)
+    self._check("fork", st, child_slots, cont)
+    num_forks = jnp.sum(plan.fork)
+    if self.row_buckets == "full":
+      rows, fk = jnp.arange(plan.prompt.shape[0]), plan.fork
+    else:   # re-encode only the forked rows
+      width = pow2_bucket(int(num_forks), 1, plan.prompt.shape[0])
+      rows = jnp.nonzero(plan.fork, size=width, fill_value=0)[0]
+      fk = plan.fork[rows] & (jnp.arange(width) < num_forks)
+    ctx, ctx_len = self._context_jit(rs.tree, plan.prompt[rows], plan.parent[rows])
+    cache, pre = sampling.prefill(cache, child_slots[rows], ctx, jnp.maximum(ctx_len, 1), fk)
+    self._check("prefill", pre.status, child_slots[rows], fk)
+    return dataclasses.replace(rs, cache=cache,
+                               budget=self._charge_jit(rs.budget, plan.prompt[rows], pre.computed, fk))

@@ -1,6 +1,6 @@
-"""Rollout methods as policies over the one engine, and a registry of them.
+"""Rollout methods over the one engine, and a registry of them.
 
-A policy chooses, at every turn boundary, the parent node of each branch of the next turn
+A rollout method (the branching rule, not the LM policy) chooses, at every turn boundary, the parent node of each branch of the next turn
 (`parents [P, S]`, -1 for none; a parent listed m times forks into m children):
 
 - `chain`:       G children of the root, each continued alone (GRPO/RLOO's group);
@@ -11,7 +11,7 @@ A policy chooses, at every turn boundary, the parent node of each branch of the 
                  at every turn; pruned branches stay in the group (or are dropped);
 - `tree_random`: `patr` with the `random` scorer.
 
-Register a new method with `@register("name")` on a `factory(rcfg) -> Policy`.
+Register a new method with `@register("name")` on a `factory(rcfg) -> RolloutMethod`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def alive(tree: Tree, nodes: jax.Array) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class Policy:
+class RolloutMethod:
   """Static description plus pure per-boundary decisions (all jittable)."""
 
   name: str
@@ -63,13 +63,17 @@ class Policy:
     """bool [P, N]: leaves that enter the training group."""
     return tree.is_leaf
 
+  def max_leaves(self) -> int:
+    """Most leaves a prompt's rollout can end with (the width of the group arrays)."""
+    return self.slots
+
 
 def _pad(x, width):
   return jnp.pad(x, ((0, 0), (0, width - x.shape[1])), constant_values=-1)
 
 
 @dataclasses.dataclass(frozen=True)
-class Chain(Policy):
+class Chain(RolloutMethod):
   group_size: int = 8
 
   def capacity(self, max_turns):
@@ -84,14 +88,16 @@ class Chain(Policy):
 
 
 @dataclasses.dataclass(frozen=True)
-class TreeGRPO(Policy):
+class TreeGRPO(RolloutMethod):
   expand_nodes: int = 2
   expand_iterations: int = 1
   keep_k: int = 0
 
   def capacity(self, max_turns):
-    branches = self.num_trees * (1 + self.expand_iterations * self.expand_nodes)
-    return self.num_trees + branches * max_turns
+    return self.num_trees + self.max_leaves() * max_turns
+
+  def max_leaves(self):
+    return self.num_trees * (1 + self.expand_iterations * self.expand_nodes)
 
   def first(self, tree, pstate):
     p = tree.num_prompts
@@ -119,7 +125,7 @@ class TreeGRPO(Policy):
 
 
 @dataclasses.dataclass(frozen=True)
-class PATR(Policy):
+class PATR(RolloutMethod):
   initial_branches: int = 4
   expand_children: int = 2
   expand_top_k: int = 2
@@ -155,9 +161,9 @@ class PATR(Policy):
     return tree.is_leaf & (~tree.pruned if not self.keep_pruned else True)
 
 
-Factory = Callable[[Any], Policy]
+Factory = Callable[[Any], RolloutMethod]
 _REGISTRY = Registry("rollout method", "config.rollout.method")
-register = _REGISTRY.register   # decorator: `factory(rollout_config) -> Policy`
+register = _REGISTRY.register   # decorator: `factory(rollout_config) -> RolloutMethod`
 get = _REGISTRY.get
 names = _REGISTRY.names
 
@@ -169,14 +175,14 @@ def _positive(rc, *fields):
 
 
 @register("chain")
-def make_chain(rc) -> Policy:
+def make_chain(rc) -> RolloutMethod:
   _positive(rc, "group_size")
   return Chain(name="chain", num_trees=1, slots=int(rc.group_size), keep_contexts=False,
                group_size=int(rc.group_size))
 
 
 @register("tree_grpo")
-def make_tree_grpo(rc) -> Policy:
+def make_tree_grpo(rc) -> RolloutMethod:
   _positive(rc, "num_trees", "expand_nodes")
   if int(rc.expand_iterations) < 0 or int(rc.keep_leaves) < 0:
     raise ValueError("config.rollout.expand_iterations and keep_leaves must be >= 0")
@@ -186,7 +192,7 @@ def make_tree_grpo(rc) -> Policy:
                   keep_k=int(rc.keep_leaves))
 
 
-def _patr(rc, name, scorer=None) -> Policy:
+def _patr(rc, name, scorer=None) -> RolloutMethod:
   _positive(rc, "initial_branches", "expand_children", "score_every", "max_branches")
   if int(rc.initial_branches) > int(rc.max_branches):
     raise ValueError(f"config.rollout.initial_branches={rc.initial_branches} exceeds "
@@ -202,10 +208,10 @@ def _patr(rc, name, scorer=None) -> Policy:
 
 
 @register("patr")
-def make_patr(rc) -> Policy:
+def make_patr(rc) -> RolloutMethod:
   return _patr(rc, "patr")
 
 
 @register("tree_random")
-def make_tree_random(rc) -> Policy:
+def make_tree_random(rc) -> RolloutMethod:
   return _patr(rc, "tree_random", scorer="random")

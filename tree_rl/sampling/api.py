@@ -19,9 +19,9 @@ that row (rows are split over the data axis in order), and forks stay within a s
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
-import math
 from typing import Any
 
 import jax
@@ -30,6 +30,7 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from tree_rl.buckets import pow2_bucket
 from tree_rl.sampling import cache as C
 from tree_rl.sampling import decode_turn as D
 from tree_rl.sampling import prefill_chunks as PF
@@ -77,7 +78,7 @@ class Cache:
 @struct.dataclass
 class PrefillOutput:
   logits: jax.Array    # [B, V] float32 logits after each chunk's last token
-  status: jax.Array    # [B] int32 cache.OK / INVALID / OUT_OF_PAGES / SEQ_CAPACITY
+  status: jax.Array    # [B] int32 `Status` code
   computed: jax.Array  # [B] int32 tokens run through the model
 
 
@@ -123,14 +124,6 @@ def reset(cache: Cache, model: nnx.Module) -> Cache:
                     tensor_axis=cache.tensor_axis)
 
 
-def init_cache_from_config(model: nnx.Module, sampler_config, *, max_seqs: int,
-                           mesh: Mesh | None = None) -> Cache:
-  """`init_cache` with page_size, num_pages, max_pages_per_seq and kv_dtype from config.sampler."""
-  return init_cache(model, max_seqs=max_seqs, num_pages=sampler_config.num_pages,
-                    max_pages_per_seq=sampler_config.max_pages_per_seq,
-                    page_size=sampler_config.page_size, kv_dtype=sampler_config.kv_dtype, mesh=mesh)
-
-
 def _state_specs(state: C.CacheState, data_axis, tensor_axis):
   return jax.tree.map(lambda x: P(None, data_axis, None, tensor_axis, None) if x.ndim == 5
                       else P(data_axis), state)
@@ -159,52 +152,87 @@ def _localise(slots, valid, spec, cache_mesh, data_axis):
   return local, valid & (local >= 0) & (local < spec.max_seqs)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """How an operation's arguments and outputs split over a mesh: every argument after
+  (params, state) is a per-row array split over the data axis except those in `replicated`;
+  `state_out` / `rows_out`: whether it returns a new state / per-row outputs."""
+
+  num_args: int
+  replicated: tuple = ()
+  state_out: bool = True
+  rows_out: bool = True
+
+
+def _operation(layout: _Layout):
+  def deco(make):
+    make.layout = layout
+    return make
+  return deco
+
+
+@_operation(_Layout(num_args=4))
+def _prefill_op(graphdef, spec, mesh, data_axis, st):
+  def prefill_shard(params, state, slots, tokens, lengths, valid):
+    slots, valid = _localise(slots, valid, spec, mesh, data_axis)
+    state, logits, status, computed = PF.prefill(_merge(graphdef, params), state, slots, tokens,
+                                                 lengths, valid, **st)
+    return state, PrefillOutput(logits=logits, status=status, computed=computed)
+  return prefill_shard
+
+
+@_operation(_Layout(num_args=3))
+def _fork_op(graphdef, spec, mesh, data_axis, st):
+  def fork_shard(params, state, parents, children, valid):
+    parents, _ = _localise(parents, valid, spec, mesh, data_axis)
+    children, valid = _localise(children, valid, spec, mesh, data_axis)
+    return C.fork(state, parents, children, valid)
+  return fork_shard
+
+
+@_operation(_Layout(num_args=2, rows_out=False))
+def _release_op(graphdef, spec, mesh, data_axis, st):
+  def release_shard(params, state, slots, valid):
+    slots, valid = _localise(slots, valid, spec, mesh, data_axis)
+    return C.release(state, slots, valid), None
+  return release_shard
+
+
+@_operation(_Layout(num_args=2, state_out=False))
+def _plan_op(graphdef, spec, mesh, data_axis, st):
+  def plan_shard(params, state, slots, valid):   # read-only: no state output, no copy
+    slots, valid = _localise(slots, valid, spec, mesh, data_axis)
+    return None, D.plan(state, slots, valid)
+  return plan_shard
+
+
+@_operation(_Layout(num_args=7, replicated=(2, 5, 6)))   # key, stop_ids, temperature
+def _decode_op(graphdef, spec, mesh, data_axis, st):
+  def decode_shard(params, state, slots, valid, key, max_tokens, budget, stop_ids, temperature):
+    slots, valid = _localise(slots, valid, spec, mesh, data_axis)
+    if mesh is not None:
+      key = jax.random.fold_in(key, jax.lax.axis_index(data_axis))
+    return D.decode(_merge(graphdef, params), state, slots, valid, key, max_tokens, budget,
+                    stop_ids, temperature, **st)
+  return decode_shard
+
+
 @functools.lru_cache(maxsize=None)
-def _build(kind: str, graphdef, spec: C.CacheSpec, mesh, data_axis: str, statics: tuple):
-  """jit(+shard_map) of one per-shard operation; the state argument is donated."""
-  st = dict(statics)
-
-  def local_fn(params, state, *args):
-    if kind == "prefill":
-      slots, tokens, lengths, valid = args
-      slots, valid = _localise(slots, valid, spec, mesh, data_axis)
-      model = _merge(graphdef, params)
-      state, logits, status, computed = PF.prefill(model, state, slots, tokens, lengths, valid, **st)
-      return state, PrefillOutput(logits=logits, status=status, computed=computed)
-    if kind == "fork":
-      parents, children, valid = args
-      parents, _ = _localise(parents, valid, spec, mesh, data_axis)
-      children, valid = _localise(children, valid, spec, mesh, data_axis)
-      return C.fork(state, parents, children, valid)
-    if kind == "release":
-      slots, valid = args
-      slots, valid = _localise(slots, valid, spec, mesh, data_axis)
-      return C.release(state, slots, valid), None
-    if kind == "plan":
-      slots, valid = args
-      slots, valid = _localise(slots, valid, spec, mesh, data_axis)
-      return None, D.plan(state, slots, valid)   # read-only: no state output, no copy
-    if kind == "decode":
-      slots, valid, key, max_tokens, budget, stop_ids, temperature = args
-      slots, valid = _localise(slots, valid, spec, mesh, data_axis)
-      if mesh is not None:
-        key = jax.random.fold_in(key, jax.lax.axis_index(data_axis))
-      model = _merge(graphdef, params)
-      return D.decode(model, state, slots, valid, key, max_tokens, budget, stop_ids, temperature, **st)
-    raise ValueError(kind)
-
-  fn = WRAP(kind, local_fn)
+def _build(make, graphdef, spec: C.CacheSpec, mesh, data_axis: str, statics: tuple):
+  """jit(+shard_map) of the per-shard function `make` builds; the state argument is donated
+  unless the operation returns no state."""
+  layout = make.layout
+  local_fn = make(graphdef, spec, mesh, data_axis, dict(statics))
+  fn = WRAP(local_fn.__name__.removesuffix("_shard"), local_fn)
   if mesh is not None:
     state_spec = _state_specs(jax.eval_shape(lambda: C.empty_state(spec)), data_axis, None)
     state_spec = jax.tree.map(lambda s: P(*[a if a == data_axis else None for a in s]), state_spec)
     rows = P(data_axis)
-    arg_specs = {"prefill": (rows, rows, rows, rows), "fork": (rows, rows, rows),
-                 "release": (rows, rows), "plan": (rows, rows),
-                 "decode": (rows, rows, P(), rows, rows, P(), P())}[kind]
-    out_specs = {"release": (state_spec, None), "plan": (None, rows)}.get(kind, (state_spec, rows))
+    arg_specs = tuple(P() if i in layout.replicated else rows for i in range(layout.num_args))
+    out_specs = (state_spec if layout.state_out else None, rows if layout.rows_out else None)
     fn = jax.shard_map(fn, mesh=mesh, in_specs=(P(), state_spec) + arg_specs, out_specs=out_specs,
                        axis_names=frozenset({data_axis}), check_vma=False)
-  return jax.jit(fn, donate_argnums=(1,) if kind != "plan" else ())
+  return jax.jit(fn, donate_argnums=(1,) if layout.state_out else ())
 
 
 def _merge(static: _Static, leaves):
@@ -213,8 +241,8 @@ def _merge(static: _Static, leaves):
   return nnx.merge(graphdef, jax.tree.unflatten(treedef, list(leaves)))
 
 
-def _call(kind, cache: Cache, *args, statics=()):
-  fn = _build(kind, cache.graphdef, cache.spec, cache.mesh, cache.data_axis, tuple(statics))
+def _call(make, cache: Cache, *args, statics=()):
+  fn = _build(make, cache.graphdef, cache.spec, cache.mesh, cache.data_axis, tuple(statics))
   state, out = fn(cache.params, cache.state, *args)
   return (cache if state is None else cache.replace(state=state)), out
 
@@ -239,7 +267,7 @@ def prefill(cache: Cache, slots, tokens, lengths, valid=None, *, read_cache: boo
 
   Invariant: afterwards the chunk's last token is the slot's pending token (KV not stored) and
   every earlier token has its KV stored, so `decode` starts without recomputing anything.
-  Rows with status != OK (see `cache.STATUS_NAMES`) leave their sequence unchanged.
+  Rows with status != Status.OK leave their sequence unchanged.
   read_cache=False skips attention to cached pages (valid when every row starts a new
   sequence: fresh prompts); None decides on the host from the cache (one small copy).
   """
@@ -252,35 +280,31 @@ def prefill(cache: Cache, slots, tokens, lengths, valid=None, *, read_cache: boo
   if read_cache is None:
     read_cache = True
     if not isinstance(cache.state.lens, jax.core.Tracer):
-      _, pl = _call("plan", cache, slots, valid)
+      _, pl = _call(_plan_op, cache, slots, valid)
       read_cache = bool(np.asarray(jax.device_get(pl)).reshape(-1, 3)[:, 2].max() > 0)
   statics = (("prefix_pages", None if read_cache else 0),)
-  return _call("prefill", cache, slots, tokens, lengths, valid, statics=statics)
+  return _call(_prefill_op, cache, slots, tokens, lengths, valid, statics=statics)
 
 
 def fork(cache: Cache, parents, children, valid=None) -> tuple[Cache, jax.Array]:
   """Make each empty slot children[b] a copy of live slot parents[b]: full pages shared by
   reference count, a partially filled last page copied (at most one new page per child).
-  Returns (cache, status [B]) with cache.OK / INVALID / OUT_OF_PAGES per row."""
+  Returns (cache, status [B]) with a `Status` (OK / INVALID / OUT_OF_PAGES) per row."""
   parents = _rows(parents, jnp.int32, "parents")
   children = _rows(children, jnp.int32, "children")
-  return _call("fork", cache, parents, children, _mask(valid, parents.shape[0]))
+  return _call(_fork_op, cache, parents, children, _mask(valid, parents.shape[0]))
 
 
 def release(cache: Cache, slots, valid=None) -> Cache:
   """Free the sequences in `slots` [B]; pages whose count reaches zero return to the free list."""
   slots = _rows(slots, jnp.int32, "slots")
-  cache, _ = _call("release", cache, slots, _mask(valid, slots.shape[0]))
+  cache, _ = _call(_release_op, cache, slots, _mask(valid, slots.shape[0]))
   return cache
 
 
 def pages_in_use(cache: Cache) -> jax.Array:
   """Pages currently referenced, per data shard ([num_shards] int32)."""
   return cache.spec.num_pages - cache.state.num_free
-
-
-def _bucket(x: int, cap: int) -> int:
-  return 0 if x <= 0 else min(cap, 1 << math.ceil(math.log2(x)))
 
 
 def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=None, stop_ids=(),
@@ -294,7 +318,7 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
   min(max_tokens[b], budget[b], max_new) new tokens (defaults: max_new), or cannot store more
   KV. temperature 0 is greedy; top_k (0 = off) and top_p (1.0 = off) are static. Returns
   DecodeOutput(tokens [B, max_new] (-1 padded), logprobs [B, max_new] under the temperature-1
-  policy, lengths [B], stop_reason [B] (see `decode_turn.REASON_NAMES`)). Check
+  policy, lengths [B], stop_reason [B] (a `StopReason`)). Check
   `exhaustion_message` at the turn boundary: rows stopped by OUT_OF_PAGES keep a consistent
   cache and can continue after pages are released or config.sampler.num_pages is raised.
 
@@ -322,13 +346,13 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
     # Under an outer jit the cache cannot be inspected: the reference layout is always valid.
     shared_pages, window_pages = 0, mp
   elif shared_pages is None or window_pages is None:
-    _, pl = _call("plan", cache, slots, valid)
+    _, pl = _call(_plan_op, cache, slots, valid)
     pl = np.asarray(jax.device_get(pl)).reshape(-1, 3)
     cand, priv, used = int(pl[:, 0].max()), int(pl[:, 1].max()), int(pl[:, 2].max())
     if shared_pages is None:
-      shared_pages = _bucket(min(cand, max_shared_pages), max_shared_pages)
+      shared_pages = pow2_bucket(min(cand, max_shared_pages), 0, max_shared_pages)
     if window_pages is None:
-      window_pages = _bucket(priv if cand <= shared_pages else used, mp) or 1
+      window_pages = pow2_bucket(priv if cand <= shared_pages else used, 0, mp) or 1
   def per_row(x, name):   # None -> max_new, a scalar -> broadcast, else [B]
     if x is None or np.ndim(x) == 0:
       return jnp.full((b,), max_new if x is None else x, jnp.int32)
@@ -340,14 +364,14 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
   stop = jnp.asarray(list(stop_ids) if not hasattr(stop_ids, "shape") else stop_ids, jnp.int32).reshape(-1)
   if stop.shape[0] == 0:
     stop = jnp.full((1,), -1, jnp.int32)
-  return _call("decode", cache, slots, valid, key, per_row(max_tokens, "max_tokens"),
+  return _call(_decode_op, cache, slots, valid, key, per_row(max_tokens, "max_tokens"),
                per_row(budget, "budget"), stop, jnp.float32(temperature), statics=statics)
 
 
 def exhaustion_message(cache: Cache, slots, out: D.DecodeOutput) -> str | None:
   """None, or a message naming the slots that stopped for lack of pages and the config to raise."""
   reasons = np.asarray(out.stop_reason)
-  hit = np.asarray(slots)[reasons == D.OUT_OF_PAGES]
+  hit = np.asarray(slots)[reasons == D.StopReason.OUT_OF_PAGES]
   if hit.size == 0:
     return None
   return (f"KV page pool exhausted: slots {hit.tolist()} could not continue (their cache is intact; "

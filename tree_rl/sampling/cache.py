@@ -25,18 +25,19 @@ fixed shapes. Per-shard code lives here; `tree_rl.sampling.api` adds jit, donati
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-# Row status codes shared by prefill and fork.
-OK = 0
-INVALID = 1          # row masked out, bad slot, duplicate slot, empty chunk, dead parent or busy child
-OUT_OF_PAGES = 2     # the page pool is exhausted: raise config.sampler.num_pages
-SEQ_CAPACITY = 3     # the sequence would exceed max_pages_per_seq * page_size tokens
+class Status(enum.IntEnum):
+  """Row status of prefill and fork (`Status(code).name` names a code)."""
 
-STATUS_NAMES = {OK: "ok", INVALID: "invalid", OUT_OF_PAGES: "out_of_pages", SEQ_CAPACITY: "seq_capacity"}
+  OK = 0
+  INVALID = 1        # row masked out, bad slot, duplicate slot, empty chunk, dead parent or busy child
+  OUT_OF_PAGES = 2   # the page pool is exhausted: raise config.sampler.num_pages
+  SEQ_CAPACITY = 3   # the sequence would exceed max_pages_per_seq * page_size tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +150,7 @@ def fork(state: CacheState, parents: jax.Array, children: jax.Array, valid: jax.
 
   Full pages are shared by reference count; a partially filled last page is copied into one
   new page (copy-on-write at fork), so a fork allocates at most one page and copies no full
-  page. Children must be empty slots. Returns (state, status [B]) with codes OK, INVALID or
+  page. Children must be empty slots. Returns (state, status [B]) with `Status` OK, INVALID or
   OUT_OF_PAGES; a failed row changes nothing.
   """
   ps, s = state.k.shape[2], state.lens.shape[0]
@@ -161,7 +162,7 @@ def fork(state: CacheState, parents: jax.Array, children: jax.Array, valid: jax.
   partial = (plen % ps) != 0
   need = (ok & partial).astype(jnp.int32)
   granted, offset = grant_pages(need, state.num_free[0])
-  status = jnp.where(ok, jnp.where(granted, OK, OUT_OF_PAGES), INVALID)
+  status = jnp.where(ok, jnp.where(granted, Status.OK, Status.OUT_OF_PAGES), Status.INVALID)
   ok = ok & granted
   new_pages, pop_ok = pop_pages(state, offset, need * ok, 1)
   new_page, pop_ok = new_pages[:, 0], pop_ok[:, 0]

@@ -14,6 +14,7 @@ row (reason OUT_OF_PAGES) before it could write anywhere.
 
 from __future__ import annotations
 
+import enum
 import functools
 
 import jax
@@ -24,19 +25,18 @@ from tree_rl.sampling import cache as C
 from tree_rl.sampling.attention import attend, gather_pages
 from tree_rl.sampling.sample import sample
 
-# Why each row stopped.
-NOT_RUN = 0        # masked-out row
-STOP_TOKEN = 1     # sampled one of stop_ids (the stop token is included in the output)
-TURN_LIMIT = 2     # reached max_tokens (or the static max_new)
-BUDGET = 3         # reached its remaining token budget
-OUT_OF_PAGES = 4   # page pool exhausted: release sequences or raise config.sampler.num_pages
-SEQ_CAPACITY = 5   # sequence reached max_pages_per_seq * page_size tokens
-NOT_LIVE = 6       # the slot holds no sequence (or a duplicate row)
-WINDOW = 7         # more private pages than window_pages (pass a larger window)
+class StopReason(enum.IntEnum):
+  """Why a decoded row stopped (`StopReason(code).name` names a code)."""
 
-REASON_NAMES = {NOT_RUN: "not_run", STOP_TOKEN: "stop_token", TURN_LIMIT: "turn_limit",
-                BUDGET: "budget", OUT_OF_PAGES: "out_of_pages", SEQ_CAPACITY: "seq_capacity",
-                NOT_LIVE: "not_live", WINDOW: "window"}
+  NOT_RUN = 0        # masked-out row
+  STOP_TOKEN = 1     # sampled one of stop_ids (the stop token is included in the output)
+  TURN_LIMIT = 2     # reached max_tokens (or the static max_new)
+  BUDGET = 3         # reached its remaining token budget
+  OUT_OF_PAGES = 4   # page pool exhausted: release sequences or raise config.sampler.num_pages
+  SEQ_CAPACITY = 5   # sequence reached max_pages_per_seq * page_size tokens
+  NOT_LIVE = 6       # the slot holds no sequence (or a duplicate row)
+  WINDOW = 7         # more private pages than window_pages (pass a larger window)
+
 
 
 @struct.dataclass
@@ -112,9 +112,11 @@ def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, st
 
   limit = jnp.minimum(jnp.minimum(max_tokens, budget), max_new)
   by_budget = budget < jnp.minimum(max_tokens, max_new)
-  reason = jnp.where(~valid, NOT_RUN, jnp.where(overflow, WINDOW, jnp.where(run0, NOT_RUN, NOT_LIVE)))
+  S = StopReason
+  reason = jnp.where(~valid, S.NOT_RUN, jnp.where(overflow, S.WINDOW,
+                                                  jnp.where(run0, S.NOT_RUN, S.NOT_LIVE)))
   empty = run0 & (limit <= 0)
-  reason = jnp.where(empty, jnp.where(by_budget, BUDGET, TURN_LIMIT), reason)
+  reason = jnp.where(empty, jnp.where(by_budget, S.BUDGET, S.TURN_LIMIT), reason)
   running = run0 & ~empty
 
   nl = state.k.shape[0]
@@ -140,7 +142,7 @@ def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, st
     rank = jnp.cumsum(want) - 1
     oom = want & (rank >= free_left)
     free_left = free_left - (want & ~oom).sum()
-    reason = jnp.where(cap, SEQ_CAPACITY, jnp.where(oom, OUT_OF_PAGES, reason))
+    reason = jnp.where(cap, S.SEQ_CAPACITY, jnp.where(oom, S.OUT_OF_PAGES, reason))
     running = running & ~cap & ~oom
     lo = bounds[seg]
     turn_mask = jnp.broadcast_to((jnp.arange(sizes[seg]) <= i - lo)[None, None, :], (b, 1, sizes[seg]))
@@ -167,7 +169,8 @@ def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, st
     pending = jnp.where(running, tok, pending)
     stop = running & (tok[:, None] == stop_ids[None, :]).any(1)
     lim = running & ~stop & (nnew >= limit)
-    reason = jnp.where(stop, STOP_TOKEN, jnp.where(lim, jnp.where(by_budget, BUDGET, TURN_LIMIT), reason))
+    reason = jnp.where(stop, S.STOP_TOKEN,
+                       jnp.where(lim, jnp.where(by_budget, S.BUDGET, S.TURN_LIMIT), reason))
     running = running & ~stop & ~lim
     return i + 1, running, reason, pending, nnew, kbuf, vbuf, toks, lps, free_left
 

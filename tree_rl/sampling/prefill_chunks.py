@@ -41,9 +41,10 @@ def prefill(model, state: C.CacheState, slots: jax.Array, tokens: jax.Array, len
   fits = total <= mp
   need = jnp.where(ok & fits, total - have, 0)
   granted, offset = C.grant_pages(need, state.num_free[0])
-  status = jnp.where(~ok, C.INVALID, jnp.where(~fits, C.SEQ_CAPACITY,
-                                                jnp.where(granted, C.OK, C.OUT_OF_PAGES)))
-  ok = status == C.OK
+  S = C.Status
+  status = jnp.where(~ok, S.INVALID, jnp.where(~fits, S.SEQ_CAPACITY,
+                                               jnp.where(granted, S.OK, S.OUT_OF_PAGES)))
+  ok = status == S.OK
   width = C.cdiv(t, ps) + 1
   new_pages, pop_ok = C.pop_pages(state, offset, jnp.where(ok, need, 0), width)
   state = C.commit_pop(state, new_pages, pop_ok)
