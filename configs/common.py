@@ -30,7 +30,7 @@ def apply_smoke(c):
   """Shrink everything for a run of a minute or two on a CPU: 2 prompts, 2 turns of 8 tokens,
   2 RL steps, a few SFT steps, tiny task splits."""
   c.rollout.prompts_per_step = 2
-  c.rollout.max_turns = c.env.max_turns = 2
+  c.rollout.max_turns = 2
   c.rollout.max_tokens_per_turn = 8
   c.rollout.group_size = 2
   c.rollout.initial_branches = 2

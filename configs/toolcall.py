@@ -15,7 +15,7 @@ def get_config(arg=None):
   args = parse_arg(arg, algo="tree_grpo", model="tiny", hf_path="", smoke=False)
   c = base_config()
   c.env.name, c.env.preset = "toolcall", "default"
-  c.rollout.max_turns = c.env.max_turns = 6    # up to 3 hops of search, then the answer
+  c.rollout.max_turns = 6    # up to 3 hops of search, then the answer
   apply_algo(c, args.algo)
   apply_model(c, args.model, args.hf_path)
   c.rollout.max_tokens_per_turn = 24            # <search>a few words</search> or <answer>name</answer>

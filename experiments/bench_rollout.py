@@ -79,6 +79,7 @@ def main(_):
   from tree_rl.envs.frozenlake import FrozenLake
   from tree_rl.models.tokenizers import BuiltinTokenizer
   from tree_rl.rollout import build as rbuild
+  from tree_rl.rollout.capacity import new_cache
   from tree_rl.rollout.driver import run
   from tree_rl.rollout.engine import Layout
 
@@ -94,18 +95,18 @@ def main(_):
   c.rollout.group_size = _GROUP.value
   c.sampler.attention = _ATTN.value
   rows, caches = [], {}
-  for method in _METHODS.value:
-    c.rollout.method = method
+  for name in _METHODS.value:
+    c.rollout.method = name
     method = rbuild.make_method(c)
-    scorer = rbuild.make_scorer(c, policy, env=env, tokenizer=tok, policy_model=model)
-    for share in ([True, False] if method in _BASELINE.value else [True]):
+    scorer = rbuild.make_scorer(c, method, env=env, tokenizer=tok, policy_model=model)
+    for share in ([True, False] if name in _BASELINE.value else [True]):
       engine = rbuild.make_engine(c, env, tok, share_prefix=share, row_buckets=_ROWS.value,
                                   obs_buckets=_OBS_BUCKETS.value)
       layout = Layout(_PROMPTS.value, method.capacity(engine.max_turns), method.slots, method.num_trees)
       key = (layout.capacity, layout.slots)
       if key not in caches:
-        caches[key] = engine.new_cache(model, layout, num_pages=_PAGES.value, page_size=_PAGE.value,
-                                       kv_dtype=kv)
+        caches[key] = new_cache(model, [(engine, layout)], num_pages=_PAGES.value,
+                                page_size=_PAGE.value, kv_dtype=kv)
       walls, stats = [], []
       for rep in range(reps):
         p = _PROMPTS.value
@@ -119,7 +120,7 @@ def main(_):
           stats.append(out.stats)
       agg = {k: float(np.mean([s[k] for s in stats])) for k in stats[0]}
       traj = max(agg["trajectories"], 1)
-      row = dict(method=method, sharing=share, wall_s=float(np.mean(walls)),
+      row = dict(method=name, sharing=share, wall_s=float(np.mean(walls)),
                  wall_per_traj_ms=1e3 * float(np.mean(walls)) / traj,
                  trajectories=agg["trajectories"], mean_turns=agg["mean_turns"],
                  engine_turns=agg["turns"], wall_per_turn_ms=1e3 * float(np.mean(walls)) / max(agg["turns"], 1),

@@ -51,7 +51,6 @@ def base_config() -> ml_collections.ConfigDict:
   c.env = dict(
       name="frozenlake",        # a name in tree_rl.envs' registry
       preset="rllm",            # env preset (frozenlake: rllm | rllm_small | ragen; toolcall: default)
-      max_turns=10,             # agent turns per episode
       goal_hint=False,          # frozenlake: observations also say where the goal is ("Goal: 2 Down, 1 Right.")
       split="train",            # toolcall: question split episodes draw from (train | test)
       data_dir="",              # TFDS dir of prepared map sets / KB (tree_rl.data); "" = generate from data_seed
@@ -62,10 +61,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.sampler = dict(
       page_size=16,             # tokens per KV page
       num_pages=4096,           # KV pages per data shard; raise when rollouts report exhaustion
-      max_pages_per_seq=256,    # page-table width: longest sequence is this * page_size tokens
       kv_dtype="bfloat16",      # KV cache dtype: bfloat16 | float32
       attention="auto",         # paged attention: auto (= cascade) | cascade | reference
       max_shared_pages=256,     # cascade: most pages read once per step for all rows (rest go per row)
+      # the page-table width is not a knob: it is the longest context the rollout can reach
   )
   c.rollout = dict(
       method="patr",            # chain | tree_grpo | patr | tree_random
@@ -74,7 +73,7 @@ def base_config() -> ml_collections.ConfigDict:
       temperature=1.0,
       top_k=0,                  # 0 disables top-k
       top_p=1.0,
-      max_turns=10,             # agent turns per trajectory (tree depth limit)
+      max_turns=10,             # agent turns per episode and tree depth limit (the env's max_turns)
       group_size=8,             # chain: trajectories per prompt (G)
       num_trees=2,              # tree_grpo: trees per prompt (M)
       expand_nodes=2,           # tree_grpo: expansion nodes per tree per iteration (N)

@@ -5,7 +5,8 @@ pass@k (any of the k sampled episodes succeeds), mean turns, tool calls and gene
 episode. Prompts run in fixed-size chunks (the last one padded), so evaluation compiles once and
 gives the same numbers for the same weights and key. The evaluator runs on the caller's sampler
 cache (bound to the weights to evaluate), so training and evaluation share one cache shape and
-its compiled sampler functions; `cache_needs` tells the caller how large that cache must be.
+its compiled sampler functions; `rollouts` tells the caller what that cache must hold
+(`rollout.capacity.new_cache`).
 """
 
 from __future__ import annotations
@@ -43,17 +44,15 @@ class Evaluator:
       method = rollout_build.make_method(c)
       engine = rollout_build.make_engine(c, env, tokenizer, row_buckets="full", obs_buckets=False)
       layout = Layout(self.chunk, method.capacity(engine.max_turns), method.slots, method.num_trees)
-      pages = self.chunk * method.slots * engine.pages_per_seq(int(config.sampler.page_size))
-      self.modes[mode] = (method, engine, layout, pages)
+      self.modes[mode] = (method, engine, layout)
 
-  def cache_needs(self) -> tuple[int, int]:
-    """(sequence slots, KV pages) a cache needs for every evaluation rollout."""
-    return (max(l.num_prompts * l.capacity for _, _, l, _ in self.modes.values()),
-            max(pages for *_, pages in self.modes.values()))
+  def rollouts(self) -> list[tuple]:
+    """The (engine, layout) of every evaluation rollout, to size a cache for them."""
+    return [(engine, layout) for _, engine, layout in self.modes.values()]
 
   def _rollouts(self, mode: str, cache, key):
     """Per prompt: rewards [N, L], valid [N, L], turns [N, L], per-prompt budget sums; cache."""
-    method, engine, layout, pages = self.modes[mode]
+    method, engine, layout = self.modes[mode]
     rewards, valid, turns, calls, generated = [], [], [], [], []
     for lo in range(0, self.num_prompts, self.chunk):
       idx = np.minimum(np.arange(lo, lo + self.chunk), self.num_prompts - 1)

@@ -2,7 +2,8 @@
 
 Initial states come from the TFDS datasets in `tree_rl.data` (prepared once into
 `config.env.data_dir`, array_record files), so evaluations use the same held-out tasks across
-runs and machines. `register(env_name)` adds the task set of a new environment.
+runs and machines. The task set of an environment is registered with it
+(`tree_rl.envs.register(name, factory, tasks=...)`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import jax
 import jax.numpy as jnp
 
 from tree_rl import envs
-from tree_rl.registry import Registry
 
 
 @dataclasses.dataclass
@@ -34,11 +34,6 @@ class TaskSet:
     return jax.tree.leaves(self.test_states)[0].shape[0]
 
 
-_REGISTRY = Registry("task set", "config.env.name")
-register = _REGISTRY.register   # decorator: `fn(config, tokenizer, data_dir) -> TaskSet`
-names = _REGISTRY.names
-
-
 def data_dir(config) -> str:
   return config.env.data_dir or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
 
@@ -46,18 +41,13 @@ def data_dir(config) -> str:
 def build(config, tokenizer) -> TaskSet:
   import tensorflow_datasets as tfds
   tfds.disable_progress_bar()
-  return _REGISTRY.get(config.env.name)(config, tokenizer, data_dir(config))
+  return envs.entry(config.env.name).part("tasks")(config, tokenizer, data_dir(config))
 
 
-def _env_kwargs(config) -> dict:
-  return dict(max_reply_tokens=int(config.rollout.max_tokens_per_turn))
-
-
-@register("frozenlake")
 def frozenlake_tasks(config, tokenizer, directory) -> TaskSet:
   from tree_rl.data import FrozenLakeMaps, FrozenLakeMapsConfig, load_frozenlake_maps
 
-  env = envs.from_config(config.env, tokenizer, **_env_kwargs(config))
+  env = envs.from_config(config, tokenizer)
   t = config.train
   preset = config.env.preset
   sizes = FrozenLakeMapsConfig(name=preset, preset=preset, seed=int(config.env.data_seed))
@@ -72,7 +62,6 @@ def frozenlake_tasks(config, tokenizer, directory) -> TaskSet:
   return TaskSet(env, env, load("train"), load("test"))
 
 
-@register("toolcall")
 def toolcall_tasks(config, tokenizer, directory) -> TaskSet:
   from tree_rl.data import ToolcallQa, ToolcallQaConfig, load_kb
 
@@ -80,10 +69,7 @@ def toolcall_tasks(config, tokenizer, directory) -> TaskSet:
   ToolcallQa(data_dir=directory, config=ToolcallQaConfig(name=name, seed=int(config.env.data_seed))
              ).download_and_prepare(file_format="array_record")
   kb = load_kb(directory, config=name)
-  e = config.env
-  make = lambda split: envs.make("toolcall", tokenizer=tokenizer, split=split, kb=kb, preset=e.preset,
-                                 max_turns=int(e.max_turns), top_k=int(e.top_k),
-                                 max_calls=int(e.max_calls), **_env_kwargs(config))
+  make = lambda split: envs.from_config(config, tokenizer, split=split, kb=kb)  # noqa: E731
   train_env, test_env = make("train"), make("test")
   states = lambda env, n: jax.vmap(env.init_state)(jnp.arange(n, dtype=jnp.int32))
   n_train, n_test = int(config.train.num_train_tasks), int(config.train.num_test_tasks)

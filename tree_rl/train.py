@@ -28,7 +28,7 @@ from tree_rl.learner.from_rollout import learner_batches
 from tree_rl.learner.train_step import make_train_step
 from tree_rl.metrics import MetricsWriter, plot_curves, read_jsonl
 from tree_rl.models import build_model, build_tokenizer
-from tree_rl.rollout import build as rollout_build
+from tree_rl.rollout import build as rollout_build, capacity
 from tree_rl.rollout.driver import run
 from tree_rl.rollout.engine import Layout
 from tree_rl import sampling
@@ -71,13 +71,8 @@ def build_parts(config) -> Parts:
 
 def new_cache(parts: Parts, params):
   """One sampler cache for training rollouts and evaluation, bound to `params`."""
-  config = parts.config
-  slots, pages = parts.evaluator.cache_needs()
-  return sampling.init_cache(
-      _to_model(parts, params), max_seqs=max(slots, parts.layout.num_prompts * parts.layout.capacity),
-      num_pages=max(pages, int(config.sampler.num_pages)),
-      max_pages_per_seq=parts.engine.pages_per_seq(int(config.sampler.page_size)),
-      page_size=int(config.sampler.page_size), kv_dtype=config.sampler.kv_dtype)
+  return capacity.config_cache(parts.config, _to_model(parts, params),
+                               [(parts.engine, parts.layout)] + parts.evaluator.rollouts())
 
 
 def _to_model(parts: Parts, params) -> nnx.Module:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from tree_rl import envs, tasks
+from tree_rl import envs
 from tree_rl.learner.train_step import validate_config as validate_learner
 from tree_rl.models.config import PRESETS
 from tree_rl.models.factory import DTYPES
 from tree_rl.rollout import build as rollout_build
+from tree_rl.rollout.capacity import pages_needed
 
 
 class ConfigError(ValueError):
@@ -16,14 +17,6 @@ class ConfigError(ValueError):
 def _check(ok: bool, message: str):
   if not ok:
     raise ConfigError(message)
-
-
-def pages_needed(engine, layout, page_size: int) -> int:
-  """KV pages a rollout can hold at once: each prompt's prompt pages plus, per live branch,
-  its own pages of a longest branch (the partial page it shares is copied on fork)."""
-  prompt_pages = -(-engine.prompt_capacity // page_size)
-  branch_pages = engine.pages_per_seq(page_size) - prompt_pages + 1
-  return layout.num_prompts * (prompt_pages + layout.slots * branch_pages)
 
 
 def validate(config, *, engine=None, layout=None) -> None:
@@ -39,8 +32,9 @@ def validate(config, *, engine=None, layout=None) -> None:
          f"config.model.dtype={m.dtype!r} / param_dtype={m.param_dtype!r}; known: {sorted(DTYPES)}")
   _check(config.env.name in envs.registered(),
          f"config.env.name={config.env.name!r}; registered: {envs.registered()}")
-  _check(config.env.name in tasks.names(),
-         f"config.env.name={config.env.name!r} has no task set; known: {tasks.names()}")
+  _check(envs.entry(config.env.name).tasks is not None,
+         f"config.env.name={config.env.name!r} was registered without a task set: "
+         f"tree_rl.envs.register({config.env.name!r}, factory, tasks=...)")
   t = config.train
   for field in ("num_steps", "ppo_epochs", "minibatches", "eval_every", "eval_samples"):
     _check(int(t[field]) >= 1, f"config.train.{field} must be >= 1, got {t[field]}")

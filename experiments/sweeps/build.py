@@ -145,14 +145,14 @@ def _make_engine_parts(config):
   from tree_rl.rollout import build as rollout_build
 
   tokenizer = build_tokenizer(config)
-  env = envs.from_config(config.env, tokenizer, max_reply_tokens=int(config.rollout.max_tokens_per_turn))
+  env = envs.from_config(config, tokenizer)
   _, engine, layout = rollout_build.make_training_engine(config, env, tokenizer)
   return engine, layout
 
 
 def pages_needed(config) -> int:
   """KV pages the rollout can need: the bound `tree_rl.validation` checks before training."""
-  from tree_rl.validation import pages_needed as needed
+  from tree_rl.rollout.capacity import pages_needed as needed
   engine, layout = _engine_parts(config)
   return needed(engine, layout, int(config.sampler.page_size))
 

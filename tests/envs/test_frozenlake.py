@@ -234,15 +234,15 @@ def test_registry_make_register_and_config(builtin_tok):
   class Tiny(fl.FrozenLake):     # a notebook can register its own env
     pass
 
-  envs.register("tiny_lake", lambda tokenizer=None, preset="rllm": Tiny(preset, tokenizer=tokenizer),
+  envs.register("tiny_lake", lambda tokenizer=None, preset="rllm", **kw: Tiny(preset, tokenizer=tokenizer, **kw),
                 config_fields=("preset",), overwrite=True)
   assert isinstance(envs.make("tiny_lake"), Tiny)
   c = cfg.base_config()
-  env = envs.from_config(c.env, builtin_tok)
-  assert isinstance(env, fl.FrozenLake) and int(env.default_params.max_turns) == c.env.max_turns
+  env = envs.from_config(c, builtin_tok)
+  assert isinstance(env, fl.FrozenLake) and int(env.default_params.max_turns) == c.rollout.max_turns
   c.env.name, c.env.preset, c.env.max_calls = "toolcall", "default", 2
-  tool_env = envs.from_config(c.env, builtin_tok)
+  tool_env = envs.from_config(c, builtin_tok)
   assert int(tool_env.default_params.max_calls) == 2 and tool_env.split == "train"
   c.env.name = "tiny_lake"
   c.env.preset = "ragen"
-  assert envs.from_config(c.env, builtin_tok).max_size == 4
+  assert envs.from_config(c, builtin_tok).max_size == 4

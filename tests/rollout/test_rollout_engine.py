@@ -16,6 +16,7 @@ from tree_rl.envs.frozenlake import FROZEN, GOAL, HOLE, PAD, FrozenLake  # noqa:
 from tree_rl.models.tokenizers import BuiltinTokenizer  # noqa: E402
 from tree_rl.rollout import methods, scorers, sequences  # noqa: E402
 from tree_rl.learner.from_rollout import advantage_inputs, train_trees  # noqa: E402
+from tree_rl.rollout.capacity import new_cache  # noqa: E402
 from tree_rl.rollout.driver import run  # noqa: E402
 from tree_rl.rollout.engine import Engine, Layout  # noqa: E402
 
@@ -36,8 +37,8 @@ def setup():
   ]
   states = [env.init_state(jnp.array(t), n, n, jnp.array(s)) for t, n, s in maps]
   states = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
-  cache = engine.new_cache(model, Layout(P, CAPACITY, 4, 2), num_pages=400, page_size=16,
-                           kv_dtype="float32")
+  cache = new_cache(model, [(engine, Layout(P, CAPACITY, 4, 2))], num_pages=400, page_size=16,
+                    kv_dtype="float32")
   return env, model, engine, states, [cache]
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tree_rl import envs
 from tree_rl.config import base_config
 from tree_rl.envs.frozenlake import FROZEN, GOAL, HOLE, FrozenLake
 from tree_rl.models.config import tiny
@@ -97,13 +98,14 @@ def test_judge_builds_prompt_parses_and_mixes_with_heuristic():
 
   c = cfg(name="judge", judge_lambda=0.5, judge_context_tokens=4)
 
-  @scorers.register_heuristic("fake")
   def fake(env, params, state, root):
     return state * 0.1
 
   class Env:
     name = "fake"
     default_params = None
+
+  envs.register("fake", Env, heuristic=fake, overwrite=True)
 
   fn = scorers.build(c, tokenizer=TOK, generate=generate, env=Env())
   toks = np.array([TOK.encode("ABCDEFGH"), TOK.encode("ABCDEFGH")])

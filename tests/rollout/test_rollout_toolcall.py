@@ -14,6 +14,7 @@ from rollout_helpers import CAPACITY, rollout_config, toolcall_model  # noqa: E4
 from tree_rl.envs.toolcall import ToolCallEnv  # noqa: E402
 from tree_rl.models.tokenizers import BuiltinTokenizer  # noqa: E402
 from tree_rl.rollout import methods, scorers  # noqa: E402
+from tree_rl.rollout.capacity import new_cache  # noqa: E402
 from tree_rl.rollout.driver import run  # noqa: E402
 from tree_rl.rollout.engine import Engine, Layout  # noqa: E402
 
@@ -28,8 +29,8 @@ def setup():
   engine = Engine(env, TOK, max_turns=3, max_tokens_per_turn=6, attention="reference",
                   row_buckets="full")
   states, _ = jax.vmap(env.reset)(jax.random.split(jax.random.key(7), P))
-  cache = engine.new_cache(model, Layout(P, CAPACITY, 4, 2), num_pages=300, page_size=16,
-                           kv_dtype="float32")
+  cache = new_cache(model, [(engine, Layout(P, CAPACITY, 4, 2))], num_pages=300, page_size=16,
+                    kv_dtype="float32")
   return env, model, engine, states, [cache]
 
 

@@ -174,11 +174,8 @@ def test_registry(rllm_env):
     def success(self, state):
       return state.won
 
-  warmstart.register_expert("frozenlake_up", Always)
-  try:
-    assert isinstance(warmstart.make_expert("frozenlake_up", rllm_env, 0.0), Always)
-    with pytest.raises(ValueError, match="already registered"):
-      warmstart.register_expert("frozenlake_up", lambda env, eps: None)
-  finally:
-    from tree_rl.warmstart import experts
-    experts._EXPERTS.pop("frozenlake_up")
+  envs.register("frozenlake_up", envs.FrozenLake, expert=Always)
+  assert "frozenlake_up" in warmstart.registered_experts()
+  assert isinstance(warmstart.make_expert("frozenlake_up", rllm_env, 0.0), Always)
+  with pytest.raises(ValueError, match="already registered"):
+    envs.register("frozenlake_up", envs.FrozenLake, expert=lambda env, eps: None)

@@ -8,17 +8,23 @@
     obs_tokens, m = env.observation_tokens(state, turn_closed)
 
 A state is a pytree: branching a rollout tree is keeping (or `snapshot`-ing) it and stepping the
-copy. `register(name, factory)` adds an environment from a notebook.
+copy. `register(name, factory, tasks=..., heuristic=..., expert=...)` adds an environment, with
+its task set, process heuristic and warm-start expert, from a notebook.
 """
 
-from tree_rl.envs.base import Environment, repeat, restore, snapshot, take
-from tree_rl.envs.registry import from_config, make, register, registered
+from tree_rl.envs.base import Environment, TokenEnv, repeat, restore, snapshot, take
+from tree_rl.envs.registry import EnvEntry, entry, from_config, make, register, registered
 from tree_rl.envs.frozenlake import FrozenLake, FrozenLakeParams, FrozenLakeState, distance_to_goal
-
-register("frozenlake", FrozenLake, config_fields=("preset", "max_turns", "goal_hint"))
 from tree_rl.envs.toolcall import ToolAction, ToolCallEnv, ToolCallParams, ToolCallState
 from tree_rl.envs.toolcall_kb import KnowledgeBase, Question, generate_kb
 from tree_rl.envs.external_tool import ExternalTool
 
-register("toolcall", ToolCallEnv, config_fields=(
-    "preset", "max_turns", "split", "data_dir", "data_seed", "top_k", "max_calls"))
+register("frozenlake", FrozenLake, config_fields=("preset", "goal_hint"),
+         tasks="tree_rl.tasks:frozenlake_tasks",
+         heuristic="tree_rl.rollout.scorers:frozenlake_progress",
+         expert="tree_rl.warmstart.frozenlake_expert:FrozenLakeExpert")
+register("toolcall", ToolCallEnv,
+         config_fields=("preset", "split", "data_dir", "data_seed", "top_k", "max_calls"),
+         tasks="tree_rl.tasks:toolcall_tasks",
+         heuristic="tree_rl.rollout.scorers:toolcall_progress",
+         expert="tree_rl.warmstart.toolcall_expert:ToolCallExpert")

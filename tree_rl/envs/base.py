@@ -12,6 +12,8 @@ vmappable, and a state can be snapshotted and restored: it is a pytree of immuta
 branch point of a rollout tree keeps a reference (or `snapshot` for a defensive device copy) and a
 branch continues with `env.step(key, snapshot, ...)`. `take(states, i)` picks one env of a batch
 and `repeat(state, n)` broadcasts one state into `n` branches.
+
+`TokenEnv` adds what the rollout engine calls: token rendering and action parsing on device.
 """
 
 from __future__ import annotations
@@ -41,6 +43,37 @@ class Environment(abc.ABC):
   def step(self, key: jax.Array, state: Any, action: jax.Array, params: Any
            ) -> tuple[Any, jax.Array, jax.Array, jax.Array, dict]:
     """-> (state, obs, reward, done, info). A done state stays put with reward 0."""
+
+
+class TokenEnv(Environment):
+  """An environment the rollout engine can drive: it speaks token ids on device.
+
+  A subclass fills in, besides `default_params`, `reset` and `step`, the three token methods
+  below (all jittable and vmappable over states) and may override `tool_calls`. The episode's
+  turn limit is `params.max_turns`; the registered factory receives it as `max_turns`.
+  """
+
+  @abc.abstractmethod
+  def initial_prompt_tokens(self, state: Any, params: Any = None) -> tuple[jax.Array, jax.Array]:
+    """-> (int32 [prompt_capacity] tokens, length): the first user message with chat markup
+    and the generation prompt."""
+
+  @abc.abstractmethod
+  def observation_tokens(self, state: Any, turn_closed: jax.Array, params: Any = None
+                         ) -> tuple[jax.Array, jax.Array]:
+    """-> (int32 [obs_capacity] tokens, length): closes the agent turn unless `turn_closed`
+    (the reply ended with the end-of-turn token), then the observation of `state` and the
+    generation prompt."""
+
+  @abc.abstractmethod
+  def parse_action(self, tokens: jax.Array, length: jax.Array) -> Any:
+    """The action for `step` from a reply's generated ids (`tokens[:length]`)."""
+
+  def tool_calls(self, before: Any, after: Any) -> jax.Array:
+    """int32: tool calls the step from `before` to `after` made (budgets in `tool_calls`).
+    Default: every env step is one call."""
+    del before, after
+    return jnp.int32(1)
 
 
 def snapshot(state: Any) -> Any:

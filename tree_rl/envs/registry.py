@@ -1,43 +1,88 @@
-"""Env registry: `register(name, factory)` then `make(name, **kwargs)`; a notebook can add its own."""
+"""The env registry: one `register` names everything the rest of tree_rl needs of an environment.
+
+    register("mylake", MyLake, config_fields=("preset",), tasks=my_tasks,
+             heuristic=my_progress, expert=MyExpert)
+    env = make("mylake", tokenizer=tok, preset="...")
+    env = from_config(config, tokenizer)
+
+What an entry holds (`EnvEntry`):
+- factory(tokenizer=..., max_turns=..., max_reply_tokens=..., **fields) -> TokenEnv;
+  `from_config` passes the `config.env` fields named in `config_fields`, the turn limit
+  `config.rollout.max_turns` and the reply size `config.rollout.max_tokens_per_turn`;
+- tasks(config, tokenizer, data_dir) -> `tree_rl.tasks.TaskSet`: the train / held-out initial states;
+- heuristic(env, env_params, state, root_state) -> float in [0, 1]: the `heuristic` process score;
+- expert(env, epsilon) -> `tree_rl.warmstart.Expert`: the warm start's demonstrator.
+Each part may be a callable or a "module:attribute" path imported on first use (as gymnasium's
+entry points), so a built-in env registers its parts without importing them.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+import importlib
+from typing import Any, Callable
 
-_FACTORIES: dict[str, Callable] = {}
-_CONFIG_FIELDS: dict[str, tuple[str, ...]] = {}
+from tree_rl.registry import Registry
+
+_PARTS = {"tasks": "its task set (train / test initial states)",
+          "heuristic": "a heuristic process score", "expert": "a warm-start expert"}
 
 
-def register(name: str, factory: Callable, config_fields: tuple[str, ...] = ("preset",),
-             overwrite: bool = False) -> Callable:
-  """Register `factory(**kwargs) -> Environment` under `name`; returns the factory.
+@dataclasses.dataclass(frozen=True)
+class EnvEntry:
+  name: str
+  factory: Callable
+  config_fields: tuple[str, ...] = ("preset",)
+  tasks: Callable | str | None = None
+  heuristic: Callable | str | None = None
+  expert: Callable | str | None = None
 
-  `config_fields`: the `config.env` fields `from_config` passes to the factory as keywords.
-  """
-  if not isinstance(name, str) or not name:
-    raise ValueError(f"env name must be a non-empty string, got {name!r}")
-  if name in _FACTORIES and not overwrite and _FACTORIES[name] is not factory:
+  def part(self, what: str) -> Callable:
+    """The entry's `tasks`, `heuristic` or `expert` (imported if given as a path)."""
+    value = getattr(self, what)
+    if value is None:
+      raise KeyError(f"env {self.name!r} (config.env.name) has no {_PARTS[what]}; register it "
+                     f"with tree_rl.envs.register({self.name!r}, factory, {what}=...)")
+    if isinstance(value, str):
+      module, _, attr = value.partition(":")
+      value = getattr(importlib.import_module(module), attr)
+    return value
+
+
+_REGISTRY = Registry("env", "config.env.name")
+
+
+def register(name: str, factory: Callable, *, config_fields: tuple[str, ...] = ("preset",),
+             tasks: Callable | str | None = None, heuristic: Callable | str | None = None,
+             expert: Callable | str | None = None, overwrite: bool = False) -> Callable:
+  """Register the environment `name` with everything tree_rl needs of it (see the module
+  docstring); returns the factory."""
+  entry = EnvEntry(name, factory, tuple(config_fields), tasks, heuristic, expert)
+  if name in _REGISTRY and not overwrite and _REGISTRY.get(name) != entry:
     raise ValueError(f"env {name!r} is already registered; pass overwrite=True to replace it")
-  _FACTORIES[name] = factory
-  _CONFIG_FIELDS[name] = tuple(config_fields)
+  _REGISTRY.register(name)(entry)
   return factory
 
 
-def make(name: str, **kwargs):
+def entry(name: str) -> EnvEntry:
+  """The registration of env `name` (a KeyError naming config.env.name and the known envs)."""
+  return _REGISTRY.get(name)
+
+
+def make(name: str, **kwargs) -> Any:
   """The environment registered as `name`, built with `kwargs` (e.g. preset=..., tokenizer=...)."""
-  if name not in _FACTORIES:
-    raise KeyError(f"unknown env {name!r} (config.env.name); registered: {sorted(_FACTORIES)}")
-  return _FACTORIES[name](**kwargs)
+  return entry(name).factory(**kwargs)
 
 
 def registered() -> list[str]:
-  return sorted(_FACTORIES)
+  return _REGISTRY.names()
 
 
-def from_config(env_config, tokenizer=None, **kwargs):
-  """The env named by `config.env.name`, given the config fields it registered plus `kwargs`."""
-  name = env_config.name
-  if name not in _FACTORIES:
-    raise KeyError(f"unknown env {name!r} (config.env.name); registered: {sorted(_FACTORIES)}")
-  fields = {k: env_config[k] for k in _CONFIG_FIELDS[name]}
-  return _FACTORIES[name](tokenizer=tokenizer, **fields, **kwargs)
+def from_config(config, tokenizer=None, **kwargs) -> Any:
+  """The env `config.env.name` names, built from its registered `config.env` fields, the turn
+  limit and reply size of `config.rollout`, and `kwargs` (which take precedence)."""
+  e = entry(config.env.name)
+  fields = {k: config.env[k] for k in e.config_fields}
+  fields.update(max_turns=int(config.rollout.max_turns),
+                max_reply_tokens=int(config.rollout.max_tokens_per_turn))
+  return e.factory(tokenizer=tokenizer, **(fields | kwargs))

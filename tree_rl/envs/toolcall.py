@@ -25,7 +25,7 @@ import numpy as np
 from flax import struct
 
 from tree_rl.envs import text as tx
-from tree_rl.envs.base import Environment
+from tree_rl.envs.base import TokenEnv
 from tree_rl.envs.toolcall_kb import KnowledgeBase, generate_kb
 
 KIND_INVALID, KIND_SEARCH, KIND_ANSWER = 0, 1, 2
@@ -83,7 +83,7 @@ class ToolCallState:
   ext_len: jax.Array
 
 
-class ToolCallEnv(Environment):
+class ToolCallEnv(TokenEnv):
   """`ToolCallEnv(tokenizer, split="train", kb=None, data_seed=42, top_k=3, tool=None, **options)`.
 
   `kb` defaults to the one prepared in `data_dir` (TFDS, `tree_rl.data.ToolcallQa`) when given,
@@ -279,8 +279,8 @@ class ToolCallEnv(Environment):
     needed = self.needed[state.question] >= 0
     return jnp.sum(state.found & needed) / jnp.maximum(jnp.sum(needed), 1)
 
-  def tool_calls(self, state):
-    return state.calls
+  def tool_calls(self, before, after):
+    return after.calls - before.calls
 
   # ---------------------------------------------------------------- tokens
   def parse_action(self, tokens, length) -> ToolAction:

@@ -257,8 +257,7 @@ def validate_config(config) -> None:
     raise ValueError(f"learner.remat={lcfg.remat!r}; known: {logprobs.REMAT}")
   if lcfg.packed_attention not in ("block", "dense"):
     raise ValueError(f"learner.packed_attention={lcfg.packed_attention!r}; known: ('block', 'dense')")
-  if lcfg.lr_schedule not in ("constant", "cosine"):
-    raise ValueError(f"learner.lr_schedule={lcfg.lr_schedule!r}; known: ('constant', 'cosine')")
+  make_optimizer(lcfg)   # an unknown lr_schedule raises here, naming the known ones
   if lcfg.microbatches < 1:
     raise ValueError(f"learner.microbatches={lcfg.microbatches} must be >= 1")
   if not (0 <= lcfg.clip_low < 1 and lcfg.clip_high >= 0):

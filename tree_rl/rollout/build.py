@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tree_rl.rollout import methods, scorers
 from tree_rl.rollout.budget import check_unit
-from tree_rl.rollout.engine import Engine, Layout
+from tree_rl.rollout.engine import Engine, Layout, check_turn_limits
 
 
 def validate(config) -> None:
@@ -12,9 +12,9 @@ def validate(config) -> None:
   r = config.rollout
   methods.get(r.method)                        # raises with the known methods
   check_unit(r.budget_unit)
-  for f in ("max_turns", "max_tokens_per_turn", "prompts_per_step"):
-    if int(r[f]) < 1:
-      raise ValueError(f"config.rollout.{f} must be >= 1, got {r[f]}")
+  check_turn_limits(r.max_turns, r.max_tokens_per_turn)
+  if int(r.prompts_per_step) < 1:
+    raise ValueError(f"config.rollout.prompts_per_step must be >= 1, got {r.prompts_per_step}")
   if float(r.temperature) < 0:
     raise ValueError(f"config.rollout.temperature must be >= 0, got {r.temperature}")
   if int(r.budget) < 0:
@@ -33,6 +33,7 @@ def make_engine(config, env, tokenizer, **kwargs) -> Engine:
   """The engine for `env` under config.rollout (sampling settings) and config.sampler.attention."""
   r = config.rollout
   kwargs.setdefault("attention", config.sampler.attention)
+  kwargs.setdefault("max_shared_pages", int(config.sampler.max_shared_pages))
   return Engine(env, tokenizer, max_turns=int(r.max_turns), max_tokens_per_turn=int(r.max_tokens_per_turn),
                 temperature=float(r.temperature), top_k=int(r.top_k), top_p=float(r.top_p), **kwargs)
 

@@ -76,11 +76,17 @@ def action_hash(action: Any) -> jax.Array:
   return (jnp.sum(flat * mult + jnp.uint32(97)) & jnp.uint32(0x7FFFFFFF)).astype(jnp.int32)
 
 
+def check_turn_limits(max_turns: int, max_tokens_per_turn: int) -> None:
+  """The turn limits every rollout needs (config.rollout.max_turns / max_tokens_per_turn)."""
+  for name, value in (("max_turns", max_turns), ("max_tokens_per_turn", max_tokens_per_turn)):
+    if int(value) < 1:
+      raise ValueError(f"config.rollout.{name} must be >= 1, got {value}")
+
+
 class Engine:
   """Drives the sampler and one environment; knows nothing about rollout methods.
 
-  env: an `tree_rl.envs` environment with token methods (`initial_prompt_tokens`,
-  `observation_tokens`, `parse_action`; optional `tool_calls(state)` for tool-call accounting);
+  env: a `tree_rl.envs.TokenEnv` (token rendering, action parsing, tool-call accounting);
   tokenizer: the policy's tokenizer (stop ids). Sampling: max_tokens_per_turn, temperature,
   top_k, top_p; attention: the sampler's paged attention (auto | cascade | reference).
   row_buckets: 'pow2' decodes only the live branches, padded to a power of two (few shapes),
@@ -91,12 +97,9 @@ class Engine:
 
   def __init__(self, env, tokenizer, *, max_turns: int, max_tokens_per_turn: int,
                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-               env_params=None, attention: str = "auto", row_buckets: str = "pow2",
-               share_prefix: bool = True, obs_buckets: bool = True):
-    if max_turns < 1:
-      raise ValueError(f"config.rollout.max_turns must be >= 1, got {max_turns}")
-    if max_tokens_per_turn < 1:
-      raise ValueError(f"config.rollout.max_tokens_per_turn must be >= 1, got {max_tokens_per_turn}")
+               env_params=None, attention: str = "auto", max_shared_pages: int = 256,
+               row_buckets: str = "pow2", share_prefix: bool = True, obs_buckets: bool = True):
+    check_turn_limits(max_turns, max_tokens_per_turn)
     self.env = env
     self.env_params = env.default_params if env_params is None else env_params
     self.tokenizer = tokenizer
@@ -104,6 +107,7 @@ class Engine:
     self.max_new = int(max_tokens_per_turn)
     self.temperature, self.top_k, self.top_p = float(temperature), int(top_k), float(top_p)
     self.attention = attention
+    self.max_shared_pages = int(max_shared_pages)
     if row_buckets not in ("pow2", "full"):
       raise ValueError(f"row_buckets must be 'pow2' or 'full', got {row_buckets!r}")
     self.row_buckets = row_buckets
@@ -130,13 +134,6 @@ class Engine:
 
   def pages_per_seq(self, page_size: int) -> int:
     return -(-(self.max_context() + 1) // page_size)
-
-  def new_cache(self, model, layout: Layout, *, num_pages: int, page_size: int = 16,
-                kv_dtype: str = "bfloat16"):
-    """A sampler cache with one slot per node of `layout`, bound to `model`'s weights."""
-    return sampling.init_cache(model, max_seqs=layout.num_prompts * layout.capacity,
-                               num_pages=num_pages, max_pages_per_seq=self.pages_per_seq(page_size),
-                               page_size=page_size, kv_dtype=kv_dtype)
 
   # ------------------------------------------------------------------ jitted pieces
   def _init_tree(self, env_states, prompt_ids, layout: Layout):
@@ -227,11 +224,7 @@ class Engine:
             1, mode="drop"),
         env_state=jax.tree.map(lambda f, s: f.at[wp, rows].set(s, mode="drop"), tree.env_state, state),
         size=tree.size + seg(jnp.ones((w,), jnp.int32)))
-    if hasattr(self.env, "tool_calls"):   # envs that count tool calls (a step may not be one)
-      tool = jax.vmap(self.env.tool_calls)(state) - jax.vmap(self.env.tool_calls)(pstate)
-    else:                                 # otherwise every env step is one call
-      tool = jnp.ones((w,), jnp.int32)
-    tool = jnp.asarray(tool, jnp.int32)
+    tool = jnp.asarray(jax.vmap(self.env.tool_calls)(pstate, state), jnp.int32)
     forks = plan.fork
     budget = budget.add(generated=seg(lens), env_steps=seg(jnp.ones((w,), jnp.int32)),
                         tool_calls=seg(tool), forks=seg(forks.astype(jnp.int32)),
@@ -274,7 +267,7 @@ class Engine:
       prompt_ids = jnp.arange(p, dtype=jnp.int32)
     if cache.spec.max_seqs * cache.num_shards < p * layout.capacity:
       raise ValueError(f"the sampler cache has {cache.spec.max_seqs} slots; the rollout needs "
-                       f"{p * layout.capacity} (prompts x node capacity): use Engine.new_cache")
+                       f"{p * layout.capacity} (prompts x node capacity): size it with rollout.capacity.new_cache")
     tree, toks, lens = self._init_jit(env_states, jnp.asarray(prompt_ids, jnp.int32), layout)
     pidx = jnp.arange(p, dtype=jnp.int32)
     slots0 = pidx * layout.capacity
@@ -332,7 +325,7 @@ class Engine:
     cache, out = sampling.decode(rs.cache, child_slots, key, max_new=self.max_new,
                                  stop_ids=self.stop_ids, temperature=self.temperature,
                                  top_k=self.top_k, top_p=self.top_p, valid=plan.valid,
-                                 attention=self.attention)
+                                 attention=self.attention, max_shared_pages=self.max_shared_pages)
     msg = sampling.exhaustion_message(cache, child_slots, out)
     if msg:
       raise RolloutError(msg)

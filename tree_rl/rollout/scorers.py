@@ -84,30 +84,21 @@ def make_random(cfg, **_):
 
 
 # ---------------------------------------------------------------------------------------------
-# heuristic: observable progress signals, one function per environment.
-
-HEURISTICS: dict[str, Callable[..., jax.Array]] = {}
-
-
-def register_heuristic(env_name: str):
-  """Decorator: `fn(env, env_params, state, root_state) -> [0, 1]` for one (unbatched) env."""
-
-  def deco(fn):
-    HEURISTICS[env_name] = fn
-    return fn
-
-  return deco
+# heuristic: observable progress signals, one function per environment, registered with the env
+# (`tree_rl.envs.register(name, factory, heuristic=fn)`, fn(env, env_params, state, root_state)
+# -> [0, 1] for one unbatched state).
 
 
 @register("heuristic")
 def make_heuristic(cfg, *, env=None, env_params=None, **_):
   """Progress of the env state: FrozenLake BFS distance, tool-call facts retrieved, ..."""
   del cfg
+  from tree_rl import envs
   name = getattr(env, "name", None)
-  if name not in HEURISTICS:
-    raise ValueError(f"no heuristic process score for env {name!r}; "
-                     f"known: {sorted(HEURISTICS)} (register one with register_heuristic)")
-  one = HEURISTICS[name]
+  try:
+    one = envs.entry(name).part("heuristic")
+  except KeyError as e:
+    raise ValueError(f"no heuristic process score for env {name!r}: {e.args[0]}") from None
 
   def score(batch, key):
     del key
@@ -319,7 +310,6 @@ def score_input(tree, node_ids: jax.Array, max_len: int, max_depth: int) -> Scor
       mask=flat(node_ids >= 0))
 
 
-@register_heuristic("frozenlake")
 def frozenlake_progress(env, env_params, state, root_state):
   """1 - d / d0 with d the BFS moves left to the goal and d0 those at the episode start;
   1 on the goal, 0 in a hole (or when the goal became unreachable)."""
@@ -331,7 +321,6 @@ def frozenlake_progress(env, env_params, state, root_state):
   return jnp.where(state.won, 1.0, jnp.where(state.fell, 0.0, jnp.clip(prog, 0.0, 1.0)))
 
 
-@register_heuristic("toolcall")
 def toolcall_progress(env, env_params, state, root_state):
   """Fraction of the facts the question needs that searches have shown; 1 once answered right."""
   del env_params, root_state

@@ -47,7 +47,7 @@ def main(argv=None):
   w = c.warmstart
   warmstart.validate(w)
   tok = build_tokenizer(c)
-  env = envs.from_config(c.env, tokenizer=tok)
+  env = envs.from_config(c, tokenizer=tok)
   model, _ = build_model(c, tok, seed=args.seed)
   key = jax.random.key(args.seed)
   k_demo, k_eval, k_train = jax.random.split(key, 3)

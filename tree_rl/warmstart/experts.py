@@ -1,4 +1,4 @@
-"""Scripted experts for demonstrations, in a registry keyed by env name.
+"""Scripted experts for demonstrations, registered with their environment.
 
 An expert is a small object built from an environment and a noise level:
 
@@ -10,17 +10,18 @@ on the wire is `reply_texts[row]` followed by the tokenizer's end-of-turn token.
 the row the noiseless expert would pick, `noisy` whether `row` differs from it.
 `expert.success(state)` says whether an episode ended in success.
 
-A notebook adds an expert for a new env with
+A notebook adds an expert for a new env where it registers the env:
 
-    @register_expert("myenv")
-    def make_my_expert(env, epsilon): ...
+    tree_rl.envs.register("myenv", MyEnv, tasks=..., expert=make_my_expert)  # (env, epsilon) -> Expert
 """
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import jax
+
+from tree_rl import envs
 
 
 class Expert(Protocol):
@@ -33,35 +34,17 @@ class Expert(Protocol):
     """bool: the episode in `state` ended in success."""
 
 
-_EXPERTS: dict[str, Callable] = {}
-
-
-def register_expert(name: str, factory: Callable | None = None, *, overwrite: bool = False):
-  """Register `factory(env, epsilon) -> Expert` for the env registered as `name`.
-
-  Use as `register_expert("name", factory)` or as the decorator `@register_expert("name")`.
-  """
-  if not isinstance(name, str) or not name:
-    raise ValueError(f"expert name must be a non-empty string, got {name!r}")
-
-  def add(f):
-    if name in _EXPERTS and not overwrite and _EXPERTS[name] is not f:
-      raise ValueError(f"an expert for env {name!r} is already registered; pass overwrite=True")
-    _EXPERTS[name] = f
-    return f
-
-  return add if factory is None else add(factory)
-
-
 def registered_experts() -> list[str]:
-  return sorted(_EXPERTS)
+  """Envs registered with a warm-start expert."""
+  return [n for n in envs.registered() if envs.entry(n).expert is not None]
 
 
 def make_expert(name: str, env, epsilon: float) -> Expert:
-  """The expert registered for env `name` (config.env.name) at noise level `epsilon`."""
-  if name not in _EXPERTS:
+  """The expert registered with env `name` (config.env.name) at noise level `epsilon`."""
+  if name not in registered_experts():
     raise KeyError(f"no warm-start expert for env {name!r} (config.env.name); "
-                   f"registered: {registered_experts()}; add one with register_expert")
+                   f"registered: {registered_experts()}; add one with "
+                   f"tree_rl.envs.register(name, factory, expert=...)")
   if not 0.0 <= float(epsilon) <= 1.0:
     raise ValueError(f"warmstart.epsilon must be in [0, 1], got {epsilon}")
-  return _EXPERTS[name](env, float(epsilon))
+  return envs.entry(name).part("expert")(env, float(epsilon))

@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 
 from tree_rl.envs import frozenlake as fl
-from tree_rl.warmstart.experts import register_expert
 
 _FORMATS = {"last_word": "{}", "fenced": "```{}```", "answer_tag": "<answer>{}</answer>"}
 _FAR = 1 << 20
@@ -102,5 +101,3 @@ class FrozenLakeExpert:
   def success(self, state):
     return state.won
 
-
-register_expert("frozenlake", FrozenLakeExpert)

@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from tree_rl.envs import toolcall as tc
-from tree_rl.warmstart.experts import register_expert
 
 
 class ToolCallExpert:
@@ -52,5 +51,3 @@ class ToolCallExpert:
   def success(self, state):
     return state.correct
 
-
-register_expert("toolcall", ToolCallExpert)
