@@ -1,4 +1,5 @@
-"""Orbax checkpoints: exact round trip, retention of last N plus best, refusal of NaN, clear errors."""
+"""Orbax checkpoints: exact round trip, retention of last N plus best, refusal of NaN, clear errors,
+and integrity: a changed file is never restored as if it were the saved state."""
 
 import os
 import shutil
@@ -7,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from tree_rl.checkpointing import Checkpointer, CheckpointRestoreError
 
@@ -54,3 +56,86 @@ def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
   shutil.rmtree(os.path.join(str(tmp_path), "3", "state"))
   with pytest.raises(CheckpointRestoreError, match="remove that step"):
     Checkpointer(str(tmp_path)).restore(jax.eval_shape(lambda: _state(0)))
+
+
+def _data_files(step_dir):
+  return sorted(os.path.join(r, f) for r, _, fs in os.walk(step_dir) for f in fs
+                if os.path.getsize(os.path.join(r, f)))
+
+
+def _flip(path, offset, bit):
+  with open(path, "r+b") as f:
+    f.seek(offset)
+    byte = f.read(1)[0]
+    f.seek(offset)
+    f.write(bytes([byte ^ (1 << bit)]))
+
+
+def _array_files(step_dir):
+  """The files holding the arrays' bytes (orbax's OCDBT data files)."""
+  return [p for p in _data_files(os.path.join(step_dir, "state")) if os.sep + "d" + os.sep in p]
+
+
+def test_a_flipped_bit_is_caught_and_the_older_step_restored(tmp_path, capfd):
+  ckpt = Checkpointer(str(tmp_path), keep=3)
+  ckpt.save(1, _state(1), {"step": 1})
+  ckpt.save(2, _state(2), {"step": 2})
+  files = _array_files(str(tmp_path / "2"))
+  assert files
+  caught = 0
+  for offset in range(0, os.path.getsize(files[0]), 7):   # many positions of the data file
+    d = tmp_path / f"copy{offset}"
+    shutil.copytree(str(tmp_path), str(d), ignore=shutil.ignore_patterns("copy*"))
+    _flip(str(d / "2" / os.path.relpath(files[0], str(tmp_path / "2"))), offset, offset % 8)
+    step, state, meta = Checkpointer(str(d)).restore(jax.eval_shape(lambda: _state(0)))
+    if step == 1:   # the altered step was refused, named, and set aside
+      caught += 1
+      assert meta == {"step": 1}
+      err = capfd.readouterr().err
+      assert f"{d}{os.sep}2 is not usable" in err and "2.unusable" in err
+      assert os.path.isdir(str(d / "2.unusable")) and not os.path.exists(str(d / "2"))
+    else:           # an unused byte: what was restored is exactly what was saved
+      assert step == 2
+      for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(_state(2))):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  assert caught > 0
+
+
+def test_no_verifiable_step_stops_with_every_path_named(tmp_path):
+  ckpt = Checkpointer(str(tmp_path), keep=3)
+  ckpt.save(4, _state(4), {})
+  for f in _array_files(str(tmp_path / "4")):
+    with open(f, "r+b") as fh:
+      fh.write(b"\xff" * 64)
+  with pytest.raises(CheckpointRestoreError, match=f"{tmp_path}{os.sep}4: step 4"):
+    Checkpointer(str(tmp_path)).restore(jax.eval_shape(lambda: _state(0)))
+  assert os.path.isdir(str(tmp_path / "4"))   # nothing deleted or moved when nothing verifies
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_property_a_random_byte_change_is_never_trained_on(tmp_path_factory, data):
+  root = tmp_path_factory.mktemp("ckpt")
+  ckpt = Checkpointer(str(root), keep=3)
+  ckpt.save(1, _state(1), {"step": 1})
+  ckpt.save(2, _state(2), {"step": 2})
+  files = _data_files(str(root / "2"))
+  # file names and sizes differ from save to save: draw positions, not names
+  path = files[data.draw(st.integers(0, 10**6), label="file") % len(files)]
+  offset = int(data.draw(st.floats(0, 1, exclude_max=True), label="offset") * os.path.getsize(path))
+  new = data.draw(st.integers(0, 255), label="byte")
+  with open(path, "r+b") as f:
+    f.seek(offset)
+    old = f.read(1)[0]
+    f.seek(offset)
+    f.write(bytes([new]))
+  event("byte unchanged" if old == new else os.path.relpath(path, str(root / "2")).split(os.sep)[0])
+  try:
+    step, state, _ = Checkpointer(str(root)).restore(jax.eval_shape(lambda: _state(0)))
+  except CheckpointRestoreError as e:   # stopping is allowed, with the path named
+    assert str(root) in str(e)
+    return
+  event(f"restored step {step}")
+  want = _state(step)
+  for got, exp in zip(jax.tree.leaves(state), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(exp))
