@@ -12,7 +12,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from tree_rl import compile_cache
-from tree_rl.config import parse_flags_or_exit
+from tree_rl.config import exit_on_bad_input, parse_flags_or_exit
 
 _CACHE = compile_cache.define_flag()
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/frozenlake.py", "Experiment config file.")
@@ -29,4 +29,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags_or_exit)
+  app.run(exit_on_bad_input(main), flags_parser=parse_flags_or_exit)

@@ -149,7 +149,7 @@ class Checkpointer:
     """(state, meta) of `step` as saved, without a target structure (for inspection)."""
     out = self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
-    return out.state, out.meta
+    return out.state, {k: v for k, v in (out.meta or {}).items() if k != DIGEST_KEY}
 
   def close(self):
     self._manager.close()

@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 import ml_collections
+from absl import flags
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
   """Parse `"model=tiny,smoke"` into a ConfigDict over `defaults`.
 
-  A bare word is a boolean flag set to True; values take the type of their default.
-  Unknown keys fail with the known ones.
+  A bare word is a boolean flag set to True; values take the type of their default (booleans
+  parse as command-line boolean flags do). Unknown keys and bad values fail naming the key.
   """
   out = ml_collections.ConfigDict(defaults)
   for item in filter(None, (arg or "").split(",")):
@@ -26,8 +27,12 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
     default = defaults[key]
     if not _:
       out[key] = True
-    elif isinstance(default, bool):
-      out[key] = value.lower() in ("1", "true", "yes")
+    elif isinstance(default, bool):   # the parser of command-line boolean flags: same values, same error
+      try:
+        out[key] = flags.BooleanParser().parse(value)
+      except ValueError as e:
+        raise ValueError(f"config argument {key}={value!r}: {e.args[0]} (true/false, 1/0, t/f)"
+                         ) from None
     else:
       out[key] = type(default)(value) if default is not None else value
   return out
@@ -192,10 +197,36 @@ def parse_flags_or_exit(argv):
   (unknown field, wrong type) prints one clear line and exits with status 2."""
   import sys
 
-  from absl import flags
   try:
     return flags.FLAGS(argv)
   except (AttributeError, KeyError, TypeError, ValueError, flags.Error) as e:
-    message = str(e).strip("'\"").replace("\\n", " ").replace("\\'", "'")
+    message = str(e).strip("'\"").replace("\\n", "\n").replace("\\'", "'")
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if any(line.startswith("Traceback (most recent call last)") for line in lines):
+      # a config file's get_config raised: its own last line is the message
+      message = f"{lines[0].rstrip(':')}: {lines[-1]}"
+    else:
+      message = " ".join(lines)
     print(f"error: bad command-line flag or config override: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def exit_on_bad_input(main):
+  """Wrap an entry point's `main`: a config that cannot run, a checkpoint that cannot be read
+  or an unusable HF checkpoint prints one line naming the problem and exits with status 2
+  (before any compute when it is the config), instead of a traceback."""
+  import functools
+  import sys
+
+  @functools.wraps(main)
+  def wrapped(argv):
+    from tree_rl.checkpointing import CheckpointRestoreError
+    from tree_rl.models.hf_io import CheckpointError
+    from tree_rl.validation import ConfigError
+    try:
+      return main(argv)
+    except (ConfigError, CheckpointRestoreError, CheckpointError) as e:
+      print(f"error: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+      sys.exit(2)
+
+  return wrapped

@@ -29,9 +29,14 @@ class MetricsWriter:
 
   def write(self, step: int, metrics: Mapping[str, object]):
     scalars = {k: v for k, v in ((k, _scalar(v)) for k, v in metrics.items()) if v is not None}
-    with open(self.path, "a") as f:
-      f.write(json.dumps({"step": int(step), **{k: (v if math.isfinite(v) else str(v))
-                                                for k, v in scalars.items()}}) + "\n")
+    row = json.dumps({"step": int(step), **{k: (v if math.isfinite(v) else str(v))
+                                            for k, v in scalars.items()}}) + "\n"
+    # One append of the whole row: a reader sees whole rows, a kill leaves at most a cut last one.
+    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+      os.write(fd, row.encode())
+    finally:
+      os.close(fd)
     if self._tb is not None:
       for k, v in scalars.items():
         self._tb.add_scalar(k, v, int(step))
@@ -39,11 +44,28 @@ class MetricsWriter:
 
   def truncate_after(self, step: int):
     """Drop the JSONL rows of steps after `step` (a run resumed from checkpoint `step` writes
-    them again), so the log holds each step once."""
+    them again; -1 for a run starting afresh), so the log holds each step once. A cut last row
+    (a killed or disk-full append) is dropped too, saying so."""
     if not os.path.exists(self.path):
       return
     with open(self.path) as f:
-      keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+      lines = f.read().split("\n")
+    rows = []
+    for i, line in enumerate(lines):
+      if not line.strip():
+        continue
+      try:
+        rows.append((json.loads(line), line))
+      except ValueError:
+        if i < len(lines) - 1 and any(x.strip() for x in lines[i + 1:]):
+          raise ValueError(f"{self.path} line {i + 1} is not JSON and not the last line: the log "
+                           f"was edited or damaged; fix or remove that line") from None
+        print(f"{self.path}: dropped a cut last line ({len(line)} characters, a killed write)",
+              flush=True)
+    keep = [line + "\n" for row, line in rows if row["step"] <= step]
+    if len(keep) < len(rows) and step < 0:
+      print(f"{self.path}: dropped {len(rows)} row(s) of an earlier attempt that saved no "
+            f"checkpoint", flush=True)
     with open(self.path, "w") as f:
       f.writelines(keep)
 

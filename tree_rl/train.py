@@ -185,8 +185,8 @@ def _progress(config, total: int, initial: int):
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Run (or resume) the experiment in `workdir`; returns the final evaluation metrics."""
+  parts = build_parts(config)   # validates the config first: a bad one writes nothing
   os.makedirs(workdir, exist_ok=True)
-  parts = build_parts(config)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2))
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=int(config.checkpoint.keep),
@@ -199,6 +199,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   meta = lambda step: {"step": step, "data_position": step * p, "history": history,
                        "config": config.to_json()}
   if restored is None:
+    writer.truncate_after(-1)   # rows of an attempt killed before its first checkpoint
     warm_params, warm_stats = _warm_start(parts)
     train_state = parts.train_step.init(warm_params)
     ref_params = jax.tree.map(jnp.copy, train_state.params)

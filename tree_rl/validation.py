@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 from tree_rl import envs
 from tree_rl.learner.train_step import validate_config as validate_learner
 from tree_rl.models.config import PRESETS
 from tree_rl.models.factory import DTYPES
 from tree_rl.rollout import build as rollout_build
+from tree_rl.rollout.budget import trajectory_cost
 from tree_rl.rollout.capacity import pages_needed
+from tree_rl.sampling.api import ATTENTION
+from tree_rl.sampling.cache import KV_DTYPES
 
 
 class ConfigError(ValueError):
@@ -35,28 +40,47 @@ def validate(config, *, engine=None, layout=None) -> None:
   _check(envs.entry(config.env.name).tasks is not None,
          f"config.env.name={config.env.name!r} was registered without a task set: "
          f"tree_rl.envs.register({config.env.name!r}, factory, tasks=...)")
-  t = config.train
+  r, t, s = config.rollout, config.train, config.sampler
+  _check(int(r.prompts_per_step) >= 1,
+         f"config.rollout.prompts_per_step must be >= 1, got {r.prompts_per_step}")
   for field in ("num_steps", "ppo_epochs", "minibatches", "eval_every", "eval_samples"):
     _check(int(t[field]) >= 1, f"config.train.{field} must be >= 1, got {t[field]}")
-  _check(int(t.minibatches) <= int(config.rollout.prompts_per_step),
+  _check(int(t.minibatches) <= int(r.prompts_per_step),
          f"config.train.minibatches={t.minibatches} exceeds config.rollout.prompts_per_step="
-         f"{config.rollout.prompts_per_step}: every minibatch needs at least one prompt")
+         f"{r.prompts_per_step}: every minibatch needs at least one prompt")
   _check(int(config.checkpoint.every_steps) >= 1, "config.checkpoint.every_steps must be >= 1")
   _check(int(config.checkpoint.keep) >= 1, "config.checkpoint.keep must be >= 1")
+  _check(int(s.page_size) >= 1, f"config.sampler.page_size must be >= 1, got {s.page_size}")
+  _check(int(s.num_pages) >= 1, f"config.sampler.num_pages must be >= 1, got {s.num_pages}")
+  _check(int(s.max_shared_pages) >= 0,
+         f"config.sampler.max_shared_pages must be >= 0, got {s.max_shared_pages}")
+  _check(s.kv_dtype in KV_DTYPES, f"config.sampler.kv_dtype={s.kv_dtype!r}; known: {KV_DTYPES}")
+  _check(s.attention in ATTENTION, f"config.sampler.attention={s.attention!r}; known: {ATTENTION}")
+  _check(0.0 < float(r.top_p) <= 1.0,
+         f"config.rollout.top_p={r.top_p} must be in (0, 1] (1 turns top-p off)")
+  _check(int(r.top_k) >= 0, f"config.rollout.top_k={r.top_k} must be >= 0 (0 turns top-k off)")
+  if m.preset == "hf":
+    path = m.hf_path
+    _check(bool(path) and os.path.isfile(os.path.join(path, "config.json")),
+           f"config.model.hf_path={path!r} is not a local checkpoint directory with a config.json "
+           f"(model=hf reads local files only)")
   try:
     rollout_build.validate(config)
     validate_learner(config)
   except (KeyError, ValueError) as e:
     raise ConfigError(str(e).strip("'\"")) from e
-  r = config.rollout
-  if int(r.budget) > 0 and r.budget_unit == "generated":
-    one = int(r.max_turns) * int(r.max_tokens_per_turn)
-    _check(int(r.budget) >= one,
-           f"config.rollout.budget={r.budget} generated tokens per prompt is less than one "
-           f"trajectory can take (config.rollout.max_turns={r.max_turns} x "
-           f"config.rollout.max_tokens_per_turn={r.max_tokens_per_turn} = {one}): raise the budget")
+  if int(r.budget) > 0:
+    calls = int(config.env.max_calls) if "max_calls" in envs.entry(config.env.name).config_fields else None
+    one = trajectory_cost(r.budget_unit, max_turns=int(r.max_turns),
+                          max_tokens_per_turn=int(r.max_tokens_per_turn), max_calls=calls,
+                          max_context=None if engine is None else engine.max_context())
+    _check(one is None or int(r.budget) >= one,
+           f"config.rollout.budget={r.budget} {r.budget_unit} per prompt is less than one "
+           f"trajectory can take ({one}: config.rollout.max_turns={r.max_turns}, "
+           f"config.rollout.max_tokens_per_turn={r.max_tokens_per_turn}"
+           + (f", config.env.max_calls={calls}" if calls is not None and r.budget_unit == "tool_calls" else "")
+           + "): raise the budget")
   if engine is not None and layout is not None:
-    s = config.sampler
     page = int(s.page_size)
     need = pages_needed(engine, layout, page)
     _check(int(s.num_pages) >= need,

@@ -67,3 +67,77 @@ def test_every_config_builds_and_validates(path, algo, variant):
   assert (config.rollout.method, config.learner.advantage) == ALGOS[algo]
   with pytest.raises(AttributeError):
     config.rollout.not_a_field = 1
+
+
+def test_parse_arg_booleans_parse_as_command_line_flags_do():
+  assert parse_arg("flag=false", flag=True).flag is False
+  assert parse_arg("flag=1", flag=False).flag is True
+  for bad in ("on", "maybe", "yes"):   # the command line rejects these for boolean fields too
+    with pytest.raises(ValueError, match=f"flag='{bad}'.*Non-boolean argument to boolean flag"):
+      parse_arg(f"flag={bad}", flag=False)
+
+
+def test_cli_bad_config_argument_is_one_clear_line():
+  proc = _train_cli("--config=configs/frozenlake.py:algo=chain,smoke=on", "--print_config")
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+  assert "smoke='on'" in proc.stderr and "Non-boolean argument" in proc.stderr
+
+
+@pytest.mark.parametrize("override, message", [
+    (("sampler", "page_size", 0), "config.sampler.page_size must be >= 1"),
+    (("sampler", "num_pages", 0), "config.sampler.num_pages must be >= 1"),
+    (("sampler", "kv_dtype", "int8"), "config.sampler.kv_dtype='int8'"),
+    (("sampler", "attention", "flash"), "config.sampler.attention='flash'"),
+    (("rollout", "top_p", 0.0), "config.rollout.top_p=0.0 must be in"),
+    (("rollout", "top_p", 1.5), "config.rollout.top_p=1.5 must be in"),
+    (("rollout", "top_k", -1), "config.rollout.top_k=-1 must be >= 0"),
+    (("rollout", "prompts_per_step", 0), "config.rollout.prompts_per_step must be >= 1"),
+    (("model", "hf_path", "/nonexistent"), "config.model.hf_path='/nonexistent' is not a local"),
+])
+def test_every_field_is_checked_before_compute_naming_it(override, message):
+  from tree_rl.validation import ConfigError, validate
+  c = frozenlake.get_config("algo=chain,smoke" + (",model=hf" if override[0] == "model" else ""))
+  section, field, value = override
+  c[section][field] = value
+  with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+    validate(c)
+
+
+@pytest.mark.parametrize("unit, budget, floor", [
+    ("env_steps", 1, "(2: "), ("tool_calls", 1, "(2: ")])
+def test_budgets_below_one_trajectory_are_refused_in_every_unit(unit, budget, floor):
+  from tree_rl.validation import ConfigError, validate
+  c = frozenlake.get_config("algo=chain,smoke")   # 2 turns per episode
+  c.rollout.budget, c.rollout.budget_unit = budget, unit
+  with pytest.raises(ConfigError, match=rf"budget={budget} {unit} .*{floor.replace('(', chr(92) + '(')}"):
+    validate(c)
+  c.rollout.budget = 2
+  validate(c)
+
+
+def test_tool_call_budget_floor_is_the_env_call_limit():
+  from configs import toolcall
+  from tree_rl.validation import ConfigError, validate
+  c = toolcall.get_config("algo=chain")
+  c.rollout.budget_unit, c.env.max_calls = "tool_calls", 3   # 6 turns, at most 3 calls
+  c.rollout.budget = 2
+  with pytest.raises(ConfigError, match="config.env.max_calls=3"):
+    validate(c)
+  c.rollout.budget = 3
+  validate(c)
+
+
+def test_removed_page_table_knob_is_refused():
+  proc = _train_cli("--config=configs/frozenlake.py:smoke", "--config.sampler.max_pages_per_seq=1",
+                    "--print_config")
+  assert proc.returncode == 2 and "max_pages_per_seq" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_config_error_is_one_line_exit_2_and_writes_nothing(tmp_path):
+  workdir = tmp_path / "run"
+  proc = _train_cli("--config=configs/frozenlake.py:smoke", "--config.sampler.page_size=0",
+                    f"--workdir={workdir}")
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      "error: ConfigError: config.sampler.page_size must be >= 1")
+  assert not workdir.exists()

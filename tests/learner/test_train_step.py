@@ -129,6 +129,16 @@ def test_non_finite_loss_skips_the_update(single, packed):
   assert float(metrics["skipped"]) == 0.0 and int(state.step) == 1
 
 
+@pytest.mark.parametrize("lr", [1e39, float("inf")])
+def test_an_update_to_non_finite_weights_is_skipped(packed, lr):
+  # the gradient is finite; the learning rate (1e39 is inf in float32) makes the new weights inf
+  step, state, metrics = run(config(learning_rate=lr), packed, devices=jax.devices()[:1])
+  assert metrics["skipped"] == 1.0 and np.isfinite(metrics["grad_norm"])
+  assert int(state.step) == 0 and int(state.skipped) == 1
+  for x, y in zip(jax.tree.leaves(step.init().params), jax.tree.leaves(state.params)):
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+
+
 def test_traced_once_per_shape(single, packed):
   step = single[0]
   traces = step.trace_count

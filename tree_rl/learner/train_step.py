@@ -3,8 +3,8 @@
 `make_train_step(config, model)` returns a `TrainStep`: `init()` places float32 master weights and
 the AdamW state on the mesh; `step(state, batch)` is one jitted update (explicit in/out
 shardings, the state donated) over a `LeafBatch` or `PackedBatch`, with gradient accumulation
-over `learner.microbatches`. A non-finite loss or gradient leaves the state untouched and
-reports `skipped = 1` in the metrics.
+over `learner.microbatches`. A non-finite loss, gradient, new weight or optimizer moment leaves
+the state untouched and reports `skipped = 1` in the metrics.
 """
 
 from __future__ import annotations
@@ -196,9 +196,12 @@ class TrainStep:
       stats = dict(stats, ratio_max=jnp.full((), -jnp.inf), ratio_min=jnp.full((), jnp.inf))
       (loss, stats, grads), _ = jax.lax.scan(body, (loss, stats, grads), split)
     grad_norm = optax.global_norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    # Skip an update whose loss, gradient, new weights or new optimizer state is not finite (a
+    # finite gradient can still give inf weights, e.g. through an overflowing learning rate).
+    finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _all_finite(params)
+              & _all_finite(opt_state))
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
     new_state = TrainState(step=state.step + finite.astype(jnp.int32),
                            params=keep(params, state.params),
@@ -231,6 +234,12 @@ class TrainStep:
           out_shardings=(self.state_shardings, self.replicated), donate_argnums=(0,),
           compiler_options=self.compiler_options)
     return self._jitted[kind](state, batch)
+
+
+def _all_finite(tree) -> jax.Array:
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
 
 def _master(dtype):

@@ -66,6 +66,20 @@ def check_unit(unit: str) -> None:
     raise ValueError(f"config.rollout.budget_unit={unit!r}; known: {UNITS}")
 
 
+def trajectory_cost(unit: str, *, max_turns: int, max_tokens_per_turn: int,
+                    max_context: int | None = None, max_calls: int | None = None) -> int | None:
+  """The most one trajectory can spend in `unit` (None when it needs the engine's
+  `max_context` and that is not given): the floor of a meaningful per-prompt budget."""
+  check_unit(unit)
+  if unit == "generated":
+    return max_turns * max_tokens_per_turn
+  if unit == "computed":   # its prompt, every reply and every observation
+    return max_context
+  if unit == "tool_calls" and max_calls is not None:
+    return min(max_turns, max_calls)
+  return max_turns          # env_steps, or tool calls of an env where every step is one
+
+
 def exhausted(budget: Budget, limit: int, unit: str) -> jax.Array:
   """bool [P]: the prompt has spent `limit` (never when limit <= 0)."""
   check_unit(unit)

@@ -39,6 +39,7 @@ _VERSION = itertools.count(1)
 # Hook applied to every per-shard function before jit (tests wrap it in chex.assert_max_traces).
 WRAP = lambda name, fn: fn  # noqa: E731
 TENSOR_LOGICAL_AXES = ("heads", "kv_heads", "mlp")
+ATTENTION = ("auto", "reference", "cascade")   # decode's paged attention layouts
 
 
 class _Static:
@@ -333,8 +334,8 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
   b = slots.shape[0]
   valid = _mask(valid, b)
   mp = cache.spec.max_pages_per_seq
-  if attention not in ("auto", "reference", "cascade"):
-    raise ValueError(f"attention must be auto | reference | cascade, got {attention!r}")
+  if attention not in ATTENTION:
+    raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
   if int(max_new) < 1:
     raise ValueError(f"max_new must be >= 1, got {max_new}")
   if not 0.0 < float(top_p) <= 1.0:

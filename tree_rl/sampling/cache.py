@@ -31,6 +31,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+KV_DTYPES = ("bfloat16", "float32")
+
+
 class Status(enum.IntEnum):
   """Row status of prefill and fork (`Status(code).name` names a code)."""
 
@@ -56,8 +59,8 @@ class CacheSpec:
     for name in ("page_size", "num_pages", "max_seqs", "max_pages_per_seq"):
       if getattr(self, name) < 1:
         raise ValueError(f"sampler {name} must be >= 1, got {getattr(self, name)}")
-    if self.kv_dtype not in ("bfloat16", "float32"):
-      raise ValueError(f"sampler kv_dtype must be bfloat16 or float32, got {self.kv_dtype!r}")
+    if self.kv_dtype not in KV_DTYPES:
+      raise ValueError(f"sampler kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
 
   @property
   def max_len(self) -> int:
