@@ -105,3 +105,68 @@ def test_clear_errors(tmp_path):
     load_hf_checkpoint(path)
   with pytest.raises(CheckpointError, match="config.json"):
     load_hf_checkpoint(os.path.join(tmp_path, "nowhere"))
+
+
+def _tensors(path):
+  from safetensors.numpy import load_file
+  return load_file(os.path.join(path, "model.safetensors"))
+
+
+def _rewrite(path, tensors, name="model.safetensors"):
+  from safetensors.numpy import save_file
+  save_file(tensors, os.path.join(path, name), metadata={"format": "pt"})
+
+
+K = "model.layers.0.self_attn.k_proj.weight"
+
+
+def test_strict_loader_refuses_bad_tensors_naming_them(tmp_path):
+  _, path = make_hf(tmp_path, "qwen2_tied")
+  good = _tensors(path)
+  assert good[K].shape == (16, 48)                 # 2 kv heads x head_dim 8, hidden 48
+  cases = {
+      # same element count, wrong layout: the reshape would have accepted it
+      "shape": (dict(good, **{K: good[K].reshape(8, 96)}), rf"{K}.*shape \(8, 96\).*\(16, 48\)"),
+      "int8": (dict(good, **{K: good[K].astype(np.int8)}), rf"{K}.*dtype I8"),
+      "int64": (dict(good, **{K: good[K].astype(np.int64)}), rf"{K}.*dtype I64"),
+      "nan": (dict(good, **{K: np.where(np.eye(16, 48) > 0, np.nan, good[K]).astype(np.float32)}),
+              rf"{K}.*NaN or Inf"),
+  }
+  for label, (tensors, message) in cases.items():
+    _rewrite(path, tensors)
+    with pytest.raises(CheckpointError, match=message):
+      load_hf_checkpoint(path)
+  _rewrite(path, cases["nan"][0])
+  load_hf_checkpoint(path, check_finite=False)     # the scan can be turned off for huge checkpoints
+
+
+def test_strict_loader_refuses_duplicates_and_paths_outside(tmp_path):
+  _, path = make_hf(tmp_path, "qwen2_tied")
+  good = _tensors(path)
+  os.remove(os.path.join(path, "model.safetensors"))
+  names = sorted(good)
+  _rewrite(path, {n: good[n] for n in names}, "model-00001-of-00002.safetensors")
+  _rewrite(path, {K: good[K]}, "model-00002-of-00002.safetensors")   # K a second time
+  index = {"metadata": {}, "weight_map": {n: "model-00001-of-00002.safetensors" for n in names}}
+  index["weight_map"][K] = "model-00002-of-00002.safetensors"
+  with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+    json.dump(index, f)
+  with pytest.raises(CheckpointError, match=rf"{K}.*in two files.*00001.*00002"):
+    load_hf_checkpoint(path)
+  _rewrite(str(tmp_path), {K: good[K]}, "outside.safetensors")
+  index["weight_map"][K] = "../outside.safetensors"
+  with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+    json.dump(index, f)
+  with pytest.raises(CheckpointError, match=r"outside\.safetensors.*outside .*refused"):
+    load_hf_checkpoint(path)
+
+
+def test_missing_config_field_is_named(tmp_path):
+  _, path = make_hf(tmp_path, "qwen2_tied")
+  with open(os.path.join(path, "config.json")) as f:
+    hf = json.load(f)
+  del hf["hidden_size"]
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf, f)
+  with pytest.raises(CheckpointError, match="config.json lacks .*hidden_size"):
+    load_hf_checkpoint(path)

@@ -27,7 +27,11 @@ class CheckpointError(ValueError):
   """A checkpoint directory this loader cannot read, with the reason."""
 
 
-def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
+_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+             "num_attention_heads")
+
+
+def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
   """ModelConfig from a parsed HF config.json (transformers 4.x or 5.x layout)."""
   model_type = hf.get("model_type")
   if model_type not in SUPPORTED_MODEL_TYPES:
@@ -36,6 +40,10 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     raise CheckpointError("Llama checkpoints with attention_bias or mlp_bias are not supported")
   if hf.get("hidden_act", "silu") != "silu":
     raise CheckpointError(f"hidden_act {hf['hidden_act']!r} is not supported (only silu)")
+  missing = [k for k in _REQUIRED if not isinstance(hf.get(k), int) or hf[k] < 1]
+  if missing:
+    raise CheckpointError(f"{source} lacks (or has a non-positive) {', '.join(missing)}: "
+                          f"a {model_type} config needs {', '.join(_REQUIRED)}")
   rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
   theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
   rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -109,10 +117,15 @@ def _hf_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[str | int, ...], Any, 
 
 
 def _safetensor_files(path: str) -> list[str]:
+  """The checkpoint's safetensors files (from the index when there is one), each inside `path`."""
+  root = os.path.realpath(path)
   index = os.path.join(path, "model.safetensors.index.json")
   if os.path.exists(index):
-    with open(index) as f:
-      files = sorted(set(json.load(f)["weight_map"].values()))
+    try:
+      with open(index) as f:
+        files = sorted(set(json.load(f)["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+      raise CheckpointError(f"{index} is not a safetensors index with a weight_map ({e})") from e
   else:
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
   if not files:
@@ -120,7 +133,15 @@ def _safetensor_files(path: str) -> list[str]:
     hint = " (.bin pickles are never loaded: convert them to safetensors)" if any(
         f.endswith(".bin") for f in found) else ""
     raise CheckpointError(f"no *.safetensors files in {path}{hint}; found {found}")
-  return [os.path.join(path, f) for f in files]
+  out = []
+  for name in files:
+    full = os.path.realpath(os.path.join(path, str(name)))
+    if os.path.commonpath([root, full]) != root:
+      raise CheckpointError(f"{index} names shard {name!r}, which lies outside {path}: refused")
+    if not name.endswith(".safetensors"):
+      raise CheckpointError(f"{index} names shard {name!r}, not a .safetensors file: refused")
+    out.append(full)
+  return out
 
 
 def _get(tree, path):
@@ -135,21 +156,32 @@ def _set(tree, path, value):
   tree[path[-1]] = value
 
 
-def load_hf_checkpoint(path: str, dtype=jnp.float32, compute_dtype=None) -> tuple[Transformer, ModelConfig]:
+_FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+
+
+def load_hf_checkpoint(path: str, dtype=jnp.float32, compute_dtype=None, *,
+                       check_finite: bool = True) -> tuple[Transformer, ModelConfig]:
   """(model, model_config) from a local HF directory with config.json and safetensors.
 
-  dtype is the parameter dtype; compute_dtype defaults to it.
+  dtype is the parameter dtype; compute_dtype defaults to it. Every tensor's name, shape and
+  dtype is checked against config.json before it is read; non-floating tensors, NaN/Inf values
+  (`check_finite=False` skips that scan for huge checkpoints), a tensor in two shard files and
+  shard paths leaving the directory are refused, each naming the tensor and file.
   """
   config_path = os.path.join(path, "config.json")
   if not os.path.isfile(config_path):
     raise CheckpointError(f"{config_path} not found: a HF checkpoint directory needs config.json")
-  with open(config_path) as f:
-    cfg = config_from_hf(json.load(f))
+  try:
+    with open(config_path) as f:
+      hf = json.load(f)
+  except ValueError as e:
+    raise CheckpointError(f"{config_path} is not valid JSON ({e})") from e
+  cfg = config_from_hf(hf, source=config_path)
   abstract = nnx.eval_shape(lambda: Transformer(cfg, dtype=compute_dtype or dtype, param_dtype=dtype))
   graphdef, state = nnx.split(abstract)
   pure = nnx.to_pure_dict(state)
   layout = _hf_layout(cfg)
-  seen = set()
+  seen: dict[str, str] = {}
   for file in _safetensor_files(path):
     with safe_open(file, framework="flax") as f:
       for name in f.keys():
@@ -157,14 +189,25 @@ def load_hf_checkpoint(path: str, dtype=jnp.float32, compute_dtype=None) -> tupl
           if _IGNORED.match(name) or (name == "lm_head.weight" and cfg.tie_word_embeddings):
             continue
           raise CheckpointError(f"unexpected tensor {name!r} in {file} for model_type {cfg.model_type!r}")
-        where, to_ours, _ = layout[name]
-        value = to_ours(f.get_tensor(name))
-        expected = _get(pure, where).shape
-        if value.shape != expected:
-          raise CheckpointError(f"tensor {name!r} has shape {tuple(value.shape)} but config.json implies {expected}")
-        _set(pure, where, jnp.asarray(value, dtype))
-        seen.add(name)
-  missing = sorted(set(layout) - seen)
+        if name in seen:
+          raise CheckpointError(f"tensor {name!r} is in two files: {seen[name]} and {file}")
+        where, to_ours, to_hf = layout[name]
+        ours = _get(pure, where)
+        expected = tuple(jax.eval_shape(to_hf, jax.ShapeDtypeStruct(ours.shape, jnp.float32)).shape)
+        meta = f.get_slice(name)
+        found, kind = tuple(meta.get_shape()), meta.get_dtype()
+        if found != expected:
+          raise CheckpointError(f"tensor {name!r} in {file} has shape {found}; config.json implies "
+                                f"{expected}")
+        if kind not in _FLOAT_DTYPES:
+          raise CheckpointError(f"tensor {name!r} in {file} has dtype {kind}; a weight must be one "
+                                f"of {sorted(_FLOAT_DTYPES)}")
+        value = f.get_tensor(name)
+        if check_finite and not bool(jnp.all(jnp.isfinite(value))):
+          raise CheckpointError(f"tensor {name!r} in {file} holds NaN or Inf values")
+        _set(pure, where, jnp.asarray(to_ours(value), dtype))
+        seen[name] = file
+  missing = sorted(set(layout) - set(seen))
   if missing:
     raise CheckpointError(f"checkpoint {path} lacks {len(missing)} tensors, e.g. {missing[:3]}")
   nnx.replace_by_pure_dict(state, pure)
