@@ -122,11 +122,25 @@ def test_parse_device_equals_host(tok_name, request):
   rng = np.random.default_rng(1)
   texts = REPLIES + ["".join(rng.choice(PIECES, size=rng.integers(0, 14))) for _ in range(300)]
   ids, lens = _encode(tok, texts, env.max_reply_tokens)
+  # plus replies of random ids, byte tokens included: invalid UTF-8 that decode() would replace
+  tags = np.array([tok.encode(p)[0] for p in ("<search>", "</search>", "<answer>", "</answer>")])
+  noise = rng.integers(0, tok.vocab_size, size=(300, env.max_reply_tokens)).astype(np.int32)
+  noise = np.where(rng.random(noise.shape) < 0.15, rng.choice(tags, size=noise.shape), noise)
+  n_text = len(texts)
+  ids = np.concatenate([ids, noise])
+  lens = np.concatenate([lens, rng.integers(0, env.max_reply_tokens + 1, size=300).astype(np.int32)])
+  texts = texts + [f"random ids {i}" for i in range(300)]
   acts = jax.tree.map(np.asarray, jax.jit(jax.vmap(env.parse_action))(ids, lens))
-  kinds = set()
+  kinds, invalid_utf8 = set(), 0
   for i in range(len(texts)):
-    reply = tok.decode(ids[i, :lens[i]]).encode("utf-8")[:env.reply_byte_capacity(ids.shape[1])]
-    kind, content = ref.parse_reply_bytes(reply)
+    raw = tx.host_reply_bytes(tok, ids[i, :lens[i]])
+    if i < n_text:   # replies of real text: the raw bytes are what decode() gives
+      assert raw == tok.decode(ids[i, :lens[i]]).encode("utf-8"), texts[i]
+    try:
+      raw.decode("utf-8")
+    except UnicodeDecodeError:
+      invalid_utf8 += 1
+    kind, content = ref.parse_reply_bytes(raw[:env.reply_byte_capacity(ids.shape[1])])
     kinds.add(kind)
     assert acts.kind[i] == kind, texts[i]
     words = tc.host_words(content, env.max_words)
@@ -135,6 +149,7 @@ def test_parse_device_equals_host(tok_name, request):
     assert np.all(acts.words[i, len(words):] == 0)
     assert bytes(acts.text[i, :acts.text_len[i]].astype(np.uint8)) == content[:env.max_text_bytes]
   assert kinds == {0, 1, 2}
+  assert invalid_utf8 > 0   # the random replies did exercise bytes that are not valid UTF-8
 
 
 def test_bm25_matches_host(env):

@@ -51,3 +51,12 @@ def test_unknown_tokenizer_kind():
     make_tokenizer("sentencepiece")
   with pytest.raises(ValueError, match="tokenizer.path"):
     make_tokenizer("hf", "")
+
+
+def test_ids_outside_the_vocabulary_raise_in_both_tokenizers(hf_dir):
+  for tok in (BuiltinTokenizer(), make_tokenizer("hf", hf_dir)):
+    for bad in ([-300], [-1], [tok.vocab_size], [5, tok.vocab_size + 7]):
+      with pytest.raises(ValueError, match=r"outside the vocabulary \[0, "):
+        tok.decode(bad)
+  builtin = BuiltinTokenizer()
+  assert builtin.decode([builtin.vocab_size - 1]) == ""   # an unused (padding) id: no text

@@ -1,8 +1,10 @@
 """Token-level text machinery that runs inside jit, built from a tokenizer at set-up.
 
-* `ByteTable`: the UTF-8 bytes of every token id, so generated token ids become a fixed-capacity
-  byte buffer on device (`tokens_to_bytes`); action parsers then work on bytes, the common ground of
-  every tokenizer, and agree with host parsers that work on `tokenizer.decode(ids).encode()`.
+* `ByteTable`: the bytes of every token id, so generated token ids become a fixed-capacity byte
+  buffer on device (`tokens_to_bytes`); action parsers then work on bytes, the common ground of
+  every tokenizer. Host reference parsers work on `host_reply_bytes(tokenizer, ids)`, the same raw
+  bytes, which equal `tokenizer.decode(ids).encode()` whenever the reply is valid UTF-8 (and keep
+  the raw bytes where decoding would put replacement characters).
 * Byte-pattern helpers: `match_at`, `first_block` (the leftmost `<tag>...</tag>`, like the regex
   `<tag>(.*?)</tag>`), `strip_span`, `word_hashes` (lower-cased alphanumeric words, hashed).
 * `FragmentTable` + `concat_segments`: rendering is a concatenation of pre-encoded text fragments
@@ -13,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import jax
@@ -71,6 +74,19 @@ def token_bytes(tokenizer: Tokenizer) -> list[bytes]:
     else:  # sentencepiece-style pieces
       out.append(p.replace("\u2581", " ").encode("utf-8"))
   return out
+
+
+@functools.lru_cache(maxsize=8)
+def _token_bytes_of(tokenizer: Tokenizer) -> tuple[bytes, ...]:
+  return tuple(token_bytes(tokenizer))
+
+
+def host_reply_bytes(tokenizer: Tokenizer, ids, max_bytes: int | None = None) -> bytes:
+  """Host reference of `tokens_to_bytes`: the raw bytes of `ids` (ids outside the vocabulary
+  stand for none), the first `max_bytes` of them."""
+  table = _token_bytes_of(tokenizer)
+  out = b"".join(table[int(i)] for i in ids if 0 <= int(i) < len(table))
+  return out if max_bytes is None else out[:max_bytes]
 
 
 @jax.tree_util.register_pytree_node_class

@@ -67,6 +67,14 @@ def _chatml(messages: Sequence[Message], add_generation_prompt: bool) -> str:
   return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
 
+def _checked_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
+  ids = [int(i) for i in ids]
+  bad = [i for i in ids if not 0 <= i < vocab_size]
+  if bad:
+    raise ValueError(f"token id(s) {bad[:5]} outside the vocabulary [0, {vocab_size})")
+  return ids
+
+
 class BuiltinTokenizer(Tokenizer):
   """Specials, whole-word pieces, then the 256 bytes; ChatML chat format."""
 
@@ -95,9 +103,11 @@ class BuiltinTokenizer(Tokenizer):
     return ids
 
   def decode(self, ids: Sequence[int]) -> str:
+    """Text of `ids`; ids past the pieces but inside the (padded) vocabulary are unused and stand
+    for no text; an id outside [0, vocab_size) raises."""
+    ids = _checked_ids(ids, self.vocab_size)
     out, pending = [], bytearray()
     for i in ids:
-      i = int(i)
       piece = self._pieces[i] if i < len(self._pieces) else ""
       if isinstance(piece, bytes):
         pending.extend(piece)
@@ -135,7 +145,7 @@ class HFTokenizer(Tokenizer):
     return self._tok.encode(text, add_special_tokens=False)
 
   def decode(self, ids):
-    return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+    return self._tok.decode(_checked_ids(ids, self.vocab_size), skip_special_tokens=False)
 
   def render_chat(self, messages, add_generation_prompt=True):
     if self._tok.chat_template:
