@@ -96,3 +96,19 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, data_dir):
   assert max_abs_diff(a, checkpoint_params(straight, 2)) > 0
   with open(os.path.join(killed, "summary.json")) as f, open(os.path.join(straight, "summary.json")) as g:
     assert json.load(f)["eval_after"] == json.load(g)["eval_after"]
+
+
+def test_a_fresh_start_after_a_failed_first_save_logs_step_0_once(tmp_path, data_dir, monkeypatch):
+  config = smoke(frozenlake, "chain", data_dir, **{"train.num_steps": 1, "train.eval_every": 1})
+  real_save = Checkpointer.save
+
+  def killed_save(self, step, *args, **kwargs):   # the process dies inside its first save
+    raise KeyboardInterrupt("killed during the first save")
+
+  monkeypatch.setattr(Checkpointer, "save", killed_save)
+  with pytest.raises(KeyboardInterrupt):
+    train_and_evaluate(config, str(tmp_path))
+  assert [r["step"] for r in read_jsonl(os.path.join(str(tmp_path), "metrics.jsonl"))] == [0]
+  monkeypatch.setattr(Checkpointer, "save", real_save)
+  train_and_evaluate(config, str(tmp_path))      # no checkpoint: the run starts afresh
+  assert [r["step"] for r in read_jsonl(os.path.join(str(tmp_path), "metrics.jsonl"))] == [0, 1]
