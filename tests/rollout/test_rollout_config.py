@@ -53,3 +53,13 @@ def test_unknown_scorer_fails_for_scoring_methods():
     build.validate(c)
   c.rollout.method = "chain"
   build.validate(c)     # chain never scores
+
+
+def test_sampler_knobs_reach_the_engine():
+  from tree_rl.models import BuiltinTokenizer
+  from tree_rl.envs import FrozenLake
+  c = base_config()
+  c.sampler.max_shared_pages, c.sampler.attention = 12, "cascade"
+  tok = BuiltinTokenizer()
+  engine = build.make_engine(c, FrozenLake("rllm_small", tokenizer=tok), tok)
+  assert (engine.max_shared_pages, engine.attention) == (12, "cascade")
