@@ -2,8 +2,9 @@
 
 Metrics: greedy success, sampled success (mean over `train.eval_samples` episodes per prompt),
 pass@k (any of the k sampled episodes succeeds), mean turns, tool calls and generated tokens per
-episode. Prompts run in fixed-size chunks (the last one padded), so evaluation compiles once and
-gives the same numbers for the same weights and key. The evaluator runs on the caller's sampler
+episode. Prompts run in fixed-size chunks (the last one padded); each turn decodes and prefills only
+the live episodes (the engine's power-of-two buckets), and the same weights and key give the
+same numbers. The evaluator runs on the caller's sampler
 cache (bound to the weights to evaluate), so training and evaluation share one cache shape and
 its compiled sampler functions; `rollouts` tells the caller what that cache must hold
 (`rollout.capacity.new_cache`).
@@ -42,7 +43,7 @@ class Evaluator:
       c.rollout.temperature = temperature
       c.rollout.budget = 0
       method = rollout_build.make_method(c)
-      engine = rollout_build.make_engine(c, env, tokenizer, row_buckets="full", obs_buckets=False)
+      engine = rollout_build.make_engine(c, env, tokenizer)
       layout = Layout(self.chunk, method.capacity(engine.max_turns), method.slots, method.num_trees)
       self.modes[mode] = (method, engine, layout)
 

@@ -134,3 +134,25 @@ def test_segmented_turn_loop_equals_dense(model):
   _, res = d.decode([0, 1, 2], turn_segments=3)
   check_all(model, res)
   check_invariants(d.cache)
+
+
+def test_prefill_reads_only_the_pages_the_longest_row_holds(model, monkeypatch):
+  """The prefix window of an observation prefill is a power-of-two bucket of the longest live
+  row's pages (not the whole page table), and its logits are still the dense ones."""
+  from tree_rl.sampling import api
+  seen = []
+  build = api._build.__wrapped__
+
+  def spy(make, graphdef, spec, mesh, data_axis, statics):
+    if make is api._prefill_op:
+      seen.append(dict(statics)["prefix_pages"])
+    return build(make, graphdef, spec, mesh, data_axis, statics)
+
+  monkeypatch.setattr(api, "_build", spy)
+  d = Driver(model, max_pages_per_seq=16)            # page size 4: a 64-token page table
+  d.prefill({0: list(range(3, 13)), 1: [5, 6, 7]})    # fresh rows: no cached pages are read
+  out = d.prefill({0: [40, 41, 42], 1: [50, 51]})     # row 0 holds 9 tokens = 3 pages
+  assert seen == [0, 4]
+  for row, slot in ((0, 0), (1, 1)):
+    np.testing.assert_allclose(_log_softmax(out.logits[row]), dense_logprobs(model, d.seqs[slot])[-1],
+                               atol=2e-4)

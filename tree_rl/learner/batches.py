@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from tree_rl.buckets import fine_bucket
 from tree_rl.learner.losses import check_aggregation, leaf_weights
 from tree_rl.learner.tree_attention import kv_block_lists
 
@@ -370,17 +371,11 @@ def pack_trees(trees: list[TrainTree], seq_len: int, max_nodes: int, *, aggregat
   kv_blocks = kv_block_lists(node_ids, anc, block, max_kv_blocks)
   if max_kv_blocks is None:  # pad the width to 2^k or 3 * 2^k (at most every block)
     need = kv_blocks.shape[2]
-    width = min(seq_len // block, _round_width(need))
+    width = min(seq_len // block, fine_bucket(need))
     kv_blocks = np.pad(kv_blocks, ((0, 0), (0, 0), (0, width - need)), constant_values=-1)
   return PackedBatch(tokens=tokens, positions=positions, pred_index=pred, node_ids=node_ids,
                      ancestors=anc, old_logp=old, ref_logp=ref, pos_weight=pos_w,
                      neg_weight=neg_w, weight=wt, loss_mask=mask, kv_blocks=kv_blocks)
-
-
-def _round_width(n: int) -> int:
-  """Smallest 2^k or 3 * 2^k >= n: few distinct shapes, at most a third wasted."""
-  p = 1 << max(0, (n - 1).bit_length())
-  return 3 * p // 4 if p >= 4 and 3 * p // 4 >= n else p
 
 
 def packed_attention_mask(node_ids: jax.Array, ancestors: jax.Array) -> jax.Array:

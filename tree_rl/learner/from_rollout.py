@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tree_rl.buckets import pow2_bucket
+from tree_rl.buckets import fine_bucket
 from tree_rl.learner import advantages as advantage_lib
 from tree_rl.learner.batches import TrainTree, leaf_batch, pack_trees
 
@@ -71,10 +71,10 @@ def train_trees(out, leaf_advantages) -> list[TrainTree]:
 
 def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
   """Learner batches for one step: the prompts' trees split into `train.minibatches` groups,
-  each packed (learner.packed) or materialised per leaf, with shapes bucketed to powers of two
-  (rows also to a multiple of `row_multiple`: `TrainStep.row_multiple`) so the update
-  compiles once per bucket."""
-  rows_for = lambda n: -(-pow2_bucket(n) // row_multiple) * row_multiple  # noqa: E731
+  each packed (learner.packed) or materialised per leaf, with rows, lengths and nodes in
+  `fine_bucket`s (at most a third padding, few shapes; rows then rounded up to a multiple of
+  `row_multiple`: `TrainStep.row_multiple`), so the update compiles once per bucket."""
+  rows_for = lambda n: -(-fine_bucket(n) // row_multiple) * row_multiple  # noqa: E731
   n = int(config.train.minibatches)
   groups = sorted({t.group_id for t in trees})
   chunks = [groups[i::n] for i in range(n)]
@@ -84,13 +84,13 @@ def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
     if not members:
       continue
     if config.learner.packed:
-      seq = pow2_bucket(max(len(t.tokens) for t in members), 64)
-      nodes = pow2_bucket(max(t.num_nodes for t in members), 8)
+      seq = fine_bucket(max(len(t.tokens) for t in members), 64)
+      nodes = fine_bucket(max(t.num_nodes for t in members), 8)
       batch = pack_trees(members, seq, nodes, aggregation=config.learner.aggregation,
                          rows=rows_for(len(members)), block=int(config.learner.attention_block))
     else:
       leaves = sum(len(t.leaves()) for t in members)
-      seq = pow2_bucket(max(len(t.path_tokens(l)) for t in members for l in t.leaves()), 64)
+      seq = fine_bucket(max(len(t.path_tokens(l)) for t in members for l in t.leaves()), 64)
       batch = leaf_batch(members, seq, rows=rows_for(leaves))
     batches.append(batch)
   return batches

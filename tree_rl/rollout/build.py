@@ -39,10 +39,11 @@ def make_engine(config, env, tokenizer, **kwargs) -> Engine:
 
 
 def make_training_engine(config, env, tokenizer) -> tuple[methods.RolloutMethod, Engine, Layout]:
-  """(method, engine, layout) of the training loop's rollouts: full-width rows and full-width
-  observation prefills (one compiled shape per turn kind), `prompts_per_step` prompts."""
+  """(method, engine, layout) of the training loop's rollouts, `prompts_per_step` prompts: each
+  turn decodes and prefills only the live branches (power-of-two row buckets), observations as
+  wide as the longest one."""
   method = make_method(config)
-  engine = make_engine(config, env, tokenizer, row_buckets="full", obs_buckets=False)
+  engine = make_engine(config, env, tokenizer)
   layout = Layout(int(config.rollout.prompts_per_step), method.capacity(engine.max_turns),
                   method.slots, method.num_trees)
   return method, engine, layout
