@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU measurement of the project in one call (one H200): the sampler against the HF
 # generate peer, the learner against the torch.compile training peer, the packed-vs-per-leaf
-# tree learner ratio. Each part has its own time limit so one slow part cannot starve the rest.
+# tree learner ratio, and steady RL steps of the main job against their FLOP floor. Each part has
+# its own time limit so one slow part cannot starve the rest.
 #
 #   PEERS=../shared/peers OUT=gpu_out bash experiments/gpu_checks.sh
 #
@@ -29,3 +30,8 @@ timeout "${LEARNER_S:-220}" $PY -m experiments.bench_learner --model=qwen25_05b 
   --dtype=bfloat16 --steps=10 --peak_tflops=790 --peer_script="$PEERS/hf_train_peer.py" \
   --variants=auto/none/512 --parts=dense,tree --tree_model=qwen25_05b \
   --out="$OUT/learner.json" 2>&1 | grep -v "^W\|^I" | tail -25
+
+echo "== RL step of the main job's config (tiny model; the warm start cut to 100 SFT steps)"
+timeout "${RLSTEP_S:-240}" $PY -m experiments.bench_rl_step --steps=3 \
+  --config.warmstart.steps=100 --config.sampler.attention=auto \
+  --out="$OUT/rl_step.json" 2>&1 | grep -v "^W\|^I" | tail -14
