@@ -9,7 +9,9 @@ the training loop does (`train.rl_step`, the cache rebound after each update), t
 evaluation. Every sampler and learner call is timed (each synchronised), so a steady step splits
 into decode / prefill / env + turn boundary / reference log-probs / update / other. Counted:
 real vs executed tokens of the sampler (rows x loop steps of each decode, rows x width of each
-prefill) and of the learner (real root-to-leaf tokens vs rows x length), and XLA compilations.
+prefill) and of the learner (real root-to-leaf tokens vs rows x length), and the programs the
+backend builds (jax.monitoring's compile events: loads from the persistent cache count too, at
+a fraction of the seconds).
 
 The floor: FLOPs of the real work over the FLOP rate of a float32 1024^3 matmul measured in this
 process. Sampler: every token of the rollout tree once (generated and prefilled; shared prefixes
