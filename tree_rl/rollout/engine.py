@@ -23,7 +23,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from flax import struct
 
 from tree_rl import sampling
