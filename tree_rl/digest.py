@@ -29,12 +29,8 @@ def _checksum(words, xp):
 
 
 @jax.jit
-def _device_words(x):
-  return jax.lax.bitcast_convert_type(x, _WORD[x.dtype.itemsize]).astype(jnp.uint32).reshape(-1)
-
-
-@jax.jit
-def _device_checksum(words):
+def _device_checksum(x):
+  words = jax.lax.bitcast_convert_type(x, _WORD[x.dtype.itemsize]).astype(jnp.uint32).reshape(-1)
   return jnp.stack(_checksum(words, jnp))
 
 
@@ -43,7 +39,7 @@ def array_digest(x) -> str:
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
     if x.dtype == jnp.bool_:
       x = x.astype(jnp.uint8)
-    a, b = _device_checksum(_device_words(x)) if x.size else (0, 0)
+    a, b = _device_checksum(x) if x.size else (0, 0)
     dtype, shape = x.dtype, x.shape
   else:
     v = np.asarray(jax.device_get(x))

@@ -56,9 +56,6 @@ def validate(config, *, engine=None, layout=None) -> None:
          f"config.sampler.max_shared_pages must be >= 0, got {s.max_shared_pages}")
   _check(s.kv_dtype in KV_DTYPES, f"config.sampler.kv_dtype={s.kv_dtype!r}; known: {KV_DTYPES}")
   _check(s.attention in ATTENTION, f"config.sampler.attention={s.attention!r}; known: {ATTENTION}")
-  _check(0.0 < float(r.top_p) <= 1.0,
-         f"config.rollout.top_p={r.top_p} must be in (0, 1] (1 turns top-p off)")
-  _check(int(r.top_k) >= 0, f"config.rollout.top_k={r.top_k} must be >= 0 (0 turns top-k off)")
   if m.preset == "hf":
     path = m.hf_path
     _check(bool(path) and os.path.isfile(os.path.join(path, "config.json")),

@@ -139,3 +139,13 @@ def test_property_a_random_byte_change_is_never_trained_on(tmp_path_factory, dat
   want = _state(step)
   for got, exp in zip(jax.tree.leaves(state), jax.tree.leaves(want)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(exp))
+
+
+def test_digest_is_the_same_on_host_and_on_device():
+  """Arrays sharded over several hosts are digested on device: same arithmetic as on the host."""
+  from tree_rl import digest
+  for x in (jnp.arange(1000, dtype=jnp.float32) * 1.7, jnp.ones((5, 7), jnp.bfloat16) * 3,
+            jnp.arange(9, dtype=jnp.int8), jax.random.key_data(jax.random.key(3))):
+    words = np.ascontiguousarray(np.asarray(x)).reshape(-1).view(digest._WORD[x.dtype.itemsize])
+    host = [int(v) for v in digest._checksum(words.astype(np.uint32), np)]
+    assert [int(v) for v in digest._device_checksum(x)] == host

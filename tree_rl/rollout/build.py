@@ -17,6 +17,10 @@ def validate(config) -> None:
     raise ValueError(f"config.rollout.prompts_per_step must be >= 1, got {r.prompts_per_step}")
   if float(r.temperature) < 0:
     raise ValueError(f"config.rollout.temperature must be >= 0, got {r.temperature}")
+  if not 0.0 < float(r.top_p) <= 1.0:
+    raise ValueError(f"config.rollout.top_p={r.top_p} must be in (0, 1] (1 turns top-p off)")
+  if int(r.top_k) < 0:
+    raise ValueError(f"config.rollout.top_k={r.top_k} must be >= 0 (0 turns top-k off)")
   if int(r.budget) < 0:
     raise ValueError(f"config.rollout.budget must be >= 0 (0 = unlimited), got {r.budget}")
   method = methods.get(r.method)(r)            # raises on bad method fields

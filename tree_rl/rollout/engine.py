@@ -314,17 +314,18 @@ class Engine:
     par_slots = self._slots(layout, plan.prompt, plan.parent)
     child_slots = self._slots(layout, plan.prompt, plan.child)
     if self.share_prefix:
-      cache, st = sampling.fork(rs.cache, par_slots, child_slots, plan.valid)
-      self._check("fork", st, child_slots, plan.valid)
+      forked = plan.valid
+      cache, fork_status = sampling.fork(rs.cache, par_slots, child_slots, forked)
       rs = dataclasses.replace(rs, cache=cache)
     else:
-      rs = self._reencode_forks(rs, plan, par_slots, child_slots)
+      rs, forked, fork_status = self._reencode_forks(rs, plan, par_slots, child_slots)
     p_idx = jnp.arange(layout.num_prompts)[:, None]
     live = rs.live.at[p_idx, jnp.where(children >= 0, children, layout.capacity)].set(True, mode="drop")
     cache, out = sampling.decode(rs.cache, child_slots, key, max_new=self.max_new,
                                  stop_ids=self.stop_ids, temperature=self.temperature,
                                  top_k=self.top_k, top_p=self.top_p, valid=plan.valid,
                                  attention=self.attention, max_shared_pages=self.max_shared_pages)
+    self._check("fork", fork_status, child_slots, forked)   # read after decode is dispatched
     msg = sampling.exhaustion_message(cache, child_slots, out)
     if msg:
       raise RolloutError(msg)
@@ -349,13 +350,12 @@ class Engine:
     rs = self.release(rs, ended_mask)
     return rs, children
 
-  def _reencode_forks(self, rs: RolloutState, plan: TurnPlan, par_slots, child_slots
-                      ) -> RolloutState:
+  def _reencode_forks(self, rs: RolloutState, plan: TurnPlan, par_slots, child_slots):
     """The no-sharing baseline: a continuation keeps its parent's cache, a new branch
-    re-encodes its whole root..parent context (charged as prefilled tokens)."""
+    re-encodes its whole root..parent context (charged as prefilled tokens). Returns (state,
+    the rows forked, their fork status)."""
     cont = plan.valid & ~plan.fork
     cache, st = sampling.fork(rs.cache, par_slots, child_slots, cont)
-    self._check("fork", st, child_slots, cont)
     num_forks = jnp.sum(plan.fork)
     if self.row_buckets == "full":
       rows, fk = jnp.arange(plan.prompt.shape[0]), plan.fork
@@ -366,5 +366,6 @@ class Engine:
     ctx, ctx_len = self._context_jit(rs.tree, plan.prompt[rows], plan.parent[rows])
     cache, pre = sampling.prefill(cache, child_slots[rows], ctx, jnp.maximum(ctx_len, 1), fk)
     self._check("prefill", pre.status, child_slots[rows], fk)
-    return dataclasses.replace(rs, cache=cache,
-                               budget=self._charge_jit(rs.budget, plan.prompt[rows], pre.computed, fk))
+    rs = dataclasses.replace(rs, cache=cache,
+                             budget=self._charge_jit(rs.budget, plan.prompt[rows], pre.computed, fk))
+    return rs, cont, st

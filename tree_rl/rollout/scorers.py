@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from tree_rl import envs
 from tree_rl.registry import Registry
 
 
@@ -93,7 +94,6 @@ def make_random(cfg, **_):
 def make_heuristic(cfg, *, env=None, env_params=None, **_):
   """Progress of the env state: FrozenLake BFS distance, tool-call facts retrieved, ..."""
   del cfg
-  from tree_rl import envs
   name = getattr(env, "name", None)
   try:
     one = envs.entry(name).part("heuristic")
