@@ -107,3 +107,17 @@ def test_custom_estimator_by_name_and_unknown_name_lists_known():
     advantages.get("no_such_estimator")
   for known in ("grpo", "rloo", "tree_grpo", "test_sign"):
     assert known in str(err.value)
+
+
+@pytest.mark.parametrize("value", [1.465617, 0.1])
+def test_all_equal_groups_get_exactly_zero_advantage_under_every_builtin(value):
+  # 16 equal non-dyadic rewards (one prompt, four trees of four), and a second prompt whose
+  # four leaves are all `value` beside a prompt with real spread: the plain float32 mean of the
+  # equal ones lands an ulp off and (r - mean) / (std + 1e-6) gave up to ~0.1 (public code too).
+  r = [value] * 16 + [value] * 4 + [0.0, 1.0, 0.3, 0.7]
+  p = [0] * 16 + [1] * 4 + [2] * 4
+  t = [i // 4 for i in range(16)] + [0, 0, 1, 1] + [0, 0, 1, 1]
+  for name in ("grpo", "drgrpo", "rloo", "tree_inter", "tree_intra", "tree_grpo", "tree_2norm"):
+    got = run(name, r, p, trees=t)
+    assert np.all(got[:20] == 0.0), (name, got[:20])
+    assert np.any(got[20:] != 0.0), name    # a group with spread still gets advantages

@@ -15,7 +15,9 @@ every token on the leaf's path is trained with it.
 All built-ins are jittable: fixed-size arrays, masks and segment sums, no data-dependent shapes.
 
 Group statistics follow the public Tree-GRPO/verl convention: std is unbiased (n - 1), and a group
-with a single valid member uses mean 0 and std 1, so its advantage is r / (1 + eps).
+with a single valid member uses mean 0 and std 1, so its advantage is r / (1 + eps). Unlike that
+code, a group whose rewards are all equal gets advantage exactly 0 under every estimator
+(statistics are taken of rewards shifted by the group minimum; see `group_stats`).
 """
 
 from __future__ import annotations
@@ -56,29 +58,40 @@ def dense_ids(ids: jax.Array, valid: jax.Array) -> jax.Array:
   return inverse.reshape(n).astype(jnp.int32)
 
 
-def group_stats(values: jax.Array, groups: jax.Array, valid: jax.Array):
-  """Per-member (mean, unbiased std, count) of its group over valid members; groups in [0, N).
+def _shifted(values: jax.Array, groups: jax.Array, valid: jax.Array):
+  """(values minus their group's smallest valid value, 0 on invalid slots; group counts [N]).
 
-  A group with one valid member gets mean 0 and std 1 (the public-code convention).
+  Statistics of the shifted values are exact where it matters: an all-equal group shifts to
+  exact zeros, so its deviations and std are exactly 0 (the float32 mean of unshifted equal
+  values can land an ulp off, which std + eps then blows up to advantages of ~0.1).
   """
   n = values.shape[0]
-  w = valid.astype(jnp.float32)
-  x = jnp.where(valid, values.astype(jnp.float32), 0.0)
-  count = jax.ops.segment_sum(w, groups, num_segments=n)
-  total = jax.ops.segment_sum(x, groups, num_segments=n)
-  mean_g = total / jnp.maximum(count, 1.0)
-  dev = jnp.where(valid, x - mean_g[groups], 0.0)
+  x = values.astype(jnp.float32)
+  low = jax.ops.segment_min(jnp.where(valid, x, jnp.inf), groups, num_segments=n)
+  shifted = jnp.where(valid, x - low[groups], 0.0)
+  count = jax.ops.segment_sum(valid.astype(jnp.float32), groups, num_segments=n)
+  return shifted, count
+
+
+def group_stats(values: jax.Array, groups: jax.Array, valid: jax.Array):
+  """Per-member (deviation from its group's mean, unbiased std, count) over valid members;
+  groups in [0, N). An all-equal group has deviation and std exactly 0. A group with one valid
+  member uses mean 0 and std 1 (the public-code convention): its deviation is the value itself.
+  """
+  n = values.shape[0]
+  shifted, count = _shifted(values, groups, valid)
+  mean = jax.ops.segment_sum(shifted, groups, num_segments=n) / jnp.maximum(count, 1.0)
+  dev = jnp.where(valid, shifted - mean[groups], 0.0)
   ss = jax.ops.segment_sum(dev * dev, groups, num_segments=n)
-  std_g = jnp.sqrt(ss / jnp.maximum(count - 1.0, 1.0))
-  single = count <= 1.0
-  mean_g = jnp.where(single, 0.0, mean_g)
-  std_g = jnp.where(single, 1.0, std_g)
-  return mean_g[groups], std_g[groups], count[groups]
+  std = jnp.sqrt(ss / jnp.maximum(count - 1.0, 1.0))
+  single = (count <= 1.0)[groups]
+  dev = jnp.where(single, values.astype(jnp.float32), dev)
+  return dev, jnp.where(single, 1.0, std[groups]), count[groups]
 
 
 def _normalise(values, groups, valid, eps, *, use_std=True):
-  mean, std, _ = group_stats(values, groups, valid)
-  adv = (values - mean) / (std + eps) if use_std else values - mean
+  dev, std, _ = group_stats(values, groups, valid)
+  adv = dev / (std + eps) if use_std else dev
   return jnp.where(valid, adv, 0.0).astype(jnp.float32)
 
 
@@ -117,11 +130,12 @@ def rloo(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6):
   del tree_ids, eps
   n = rewards.shape[0]
   groups = _prompt_groups(prompt_ids, valid)
-  r = jnp.where(valid, rewards.astype(jnp.float32), 0.0)
-  count = jax.ops.segment_sum(valid.astype(jnp.float32), groups, num_segments=n)[groups]
+  r, count = _shifted(rewards, groups, valid)    # a shift cancels in r_i - mean(others)
   total = jax.ops.segment_sum(r, groups, num_segments=n)[groups]
-  baseline = jnp.where(count > 1.0, (total - r) / jnp.maximum(count - 1.0, 1.0), 0.0)
-  return jnp.where(valid, r - baseline, 0.0)
+  count = count[groups]
+  alone = jnp.where(valid, rewards.astype(jnp.float32), 0.0)
+  baseline = (total - r) / jnp.maximum(count - 1.0, 1.0)
+  return jnp.where(valid, jnp.where(count > 1.0, r - baseline, alone), 0.0)
 
 
 @register("tree_inter")
