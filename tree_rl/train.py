@@ -133,7 +133,10 @@ def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: i
   tokens = sum(int(np.sum(np.asarray(b.loss_mask))) for b in batches) * int(config.train.ppo_epochs)
   metrics = {f"rollout/{k}": v for k, v in out.stats.items()}
   for k in learner_metrics[0]:
-    values = [float(m[k]) for m in learner_metrics]
+    # ratio_dev = mean |pi / pi_old - 1| of the first epoch: how far the learner's policy is
+    # from the sampler's on the same tokens (bf16 KV, other kernels), before later epochs move it.
+    ms = learner_metrics[:len(batches)] if k == "ratio_dev" else learner_metrics
+    values = [float(m[k]) for m in ms]
     metrics[f"learner/{k}"] = sum(values) if k == "skipped" else float(np.mean(values))
   generated = out.stats.get("budget/generated", 0)
   metrics.update({"throughput/rollout_tokens_per_s": generated / max(rollout_s, 1e-9),

@@ -66,6 +66,14 @@ def validate(config, *, engine=None, layout=None) -> None:
     validate_learner(config)
   except (KeyError, ValueError) as e:
     raise ConfigError(str(e).strip("'\"")) from e
+  _check(float(r.temperature) > 0,
+         f"config.rollout.temperature={r.temperature}: training samples need a temperature > 0 "
+         "(the learner trains softmax(logits / temperature); evaluation adds greedy on its own)")
+  for field, off in (("top_k", 0), ("top_p", 1.0)):
+    _check(r[field] == off,
+           f"config.rollout.{field}={r[field]}: training refuses top-k / top-p filters (the "
+           f"learner's policy is the unfiltered softmax(logits / temperature), so the gradient "
+           f"would be for a policy the samples did not come from); set it to {off}")
   if int(r.budget) > 0:
     calls = int(config.env.max_calls) if "max_calls" in envs.entry(config.env.name).config_fields else None
     one = trajectory_cost(r.budget_unit, max_turns=int(r.max_turns),

@@ -13,12 +13,16 @@ def _freq(tokens):
   return np.bincount(np.asarray(tokens), minlength=4) / tokens.shape[0]
 
 
-def test_greedy_at_temperature_zero_and_logprob_under_temperature_one():
+def test_greedy_at_temperature_zero_and_logprob_under_the_tempered_policy():
   tok, lp = sample(jax.random.key(0), LOGITS[:3], jnp.float32(0.0))
   np.testing.assert_array_equal(tok, [0, 0, 0])
-  np.testing.assert_allclose(lp, np.log(0.5), rtol=1e-6)
+  np.testing.assert_allclose(lp, np.log(0.5), rtol=1e-6)        # greedy: under temperature 1
   tok, lp = sample(jax.random.key(0), LOGITS, jnp.float32(2.0))
-  np.testing.assert_allclose(lp, np.log(np.array([0.5, 0.3, 0.15, 0.05]))[np.asarray(tok)], rtol=1e-5)
+  tempered = np.sqrt([0.5, 0.3, 0.15, 0.05])                     # p^(1/2), renormalised
+  tempered /= tempered.sum()
+  np.testing.assert_allclose(lp, np.log(tempered)[np.asarray(tok)], rtol=1e-5)
+  # the same tokens were drawn from that tempered distribution
+  np.testing.assert_allclose(_freq(tok), tempered, atol=0.03)
 
 
 def test_top_p_keeps_smallest_prefix_reaching_mass():

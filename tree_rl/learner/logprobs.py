@@ -81,8 +81,10 @@ def hidden_states(model: Transformer, tokens, positions, attend, remat: str = "n
   return model.final_norm(x)
 
 
-def _chunk_stats(model, h, targets, with_entropy):
+def _chunk_stats(model, h, targets, with_entropy, temperature=1.0):
   logits = model.logits(h)                                      # [..., V] float32
+  if temperature != 1.0:
+    logits = logits / temperature
   lse = jax.nn.logsumexp(logits, axis=-1)
   tgt = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
   logp = tgt - lse
@@ -93,16 +95,18 @@ def _chunk_stats(model, h, targets, with_entropy):
 
 
 def target_logprobs(model: Transformer, hidden, targets, *, chunk: int = 0,
-                    with_entropy: bool = False):
-  """log p(targets | hidden) and entropy per position; hidden [B, T, E], targets [B, T]."""
+                    with_entropy: bool = False, temperature: float = 1.0):
+  """log p(targets | hidden) and entropy per position under softmax(logits / temperature);
+  hidden [B, T, E], targets [B, T]."""
   if chunk <= 0 or chunk >= hidden.shape[1]:
-    return _chunk_stats(model, hidden, targets, with_entropy)
+    return _chunk_stats(model, hidden, targets, with_entropy, temperature)
   b, t, e = hidden.shape
   n = -(-t // chunk)
   pad = n * chunk - t
   h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, e).swapaxes(0, 1)
   y = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
-  fn = jax.checkpoint(functools.partial(_chunk_stats, model, with_entropy=with_entropy))
+  fn = jax.checkpoint(functools.partial(_chunk_stats, model, with_entropy=with_entropy,
+                                        temperature=temperature))
   logp, ent = jax.lax.map(lambda xs: fn(*xs), (h, y))
   unchunk = lambda a: a.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
   return unchunk(logp), unchunk(ent)
@@ -110,8 +114,10 @@ def target_logprobs(model: Transformer, hidden, targets, *, chunk: int = 0,
 
 def sequence_logprobs(model: Transformer, tokens, *, positions=None, pred_index=None,
                       attention_mask=None, attention="auto", remat="none", logits_chunk=0,
-                      with_entropy=False, attend=None):
-  """log p(tokens[b, t] | its context) [B, T] (and entropy [B, T]) aligned with `tokens`.
+                      with_entropy=False, attend=None, temperature: float = 1.0):
+  """log p(tokens[b, t] | its context) [B, T] (and entropy [B, T]) aligned with `tokens`, under
+  softmax(logits / temperature): the RL learner passes the rollout temperature, so it trains
+  the distribution the sampler drew from (`tree_rl.sampling.sample`).
 
   Without `pred_index` the context is tokens[b, :t] (column 0 gets a meaningless value, which
   the loss mask excludes); with it, the logits at pred_index[b, t] predict tokens[b, t]
@@ -127,4 +133,5 @@ def sequence_logprobs(model: Transformer, tokens, *, positions=None, pred_index=
     prev = jnp.concatenate([hidden[:, :1], hidden[:, :-1]], axis=1)
   else:
     prev = jnp.take_along_axis(hidden, pred_index[..., None].astype(jnp.int32), axis=1)
-  return target_logprobs(model, prev, tokens, chunk=logits_chunk, with_entropy=with_entropy)
+  return target_logprobs(model, prev, tokens, chunk=logits_chunk, with_entropy=with_entropy,
+                         temperature=float(temperature))

@@ -112,6 +112,7 @@ def weighted_policy_loss(logp, old_logp, pos_weight, neg_weight, weight, *, ref_
       "tokens": active.sum().astype(jnp.float32),
       "clip_frac": (w * ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high))).sum(),
       "ratio_mean": (w * ratio).sum(),
+      "ratio_dev": (w * jnp.abs(ratio - 1.0)).sum(),
       "ratio_max": jnp.where(active, ratio, -jnp.inf).max(),
       "ratio_min": jnp.where(active, ratio, jnp.inf).min(),
       "approx_kl_old": (w * -log_ratio).sum(),
@@ -130,7 +131,7 @@ def weighted_policy_loss(logp, old_logp, pos_weight, neg_weight, weight, *, ref_
   return loss, stats
 
 
-_MEANS = ("clip_frac", "ratio_mean", "approx_kl_old", "kl", "entropy")
+_MEANS = ("clip_frac", "ratio_mean", "ratio_dev", "approx_kl_old", "kl", "entropy")
 
 
 def finalize_metrics(stats: dict) -> dict:

@@ -143,7 +143,8 @@ class TrainStep:
 
   # ------------------------------------------------------------------ the update
   def _logprobs(self, params, mb, with_entropy: bool):
-    """Per-token log-probs (and entropies) of the batch arrays `mb` under `params`."""
+    """Per-token log-probs (and entropies) of the batch arrays `mb` under `params`, for the
+    policy the rollouts sampled: softmax(logits / config.rollout.temperature)."""
     lcfg = self.config.learner
     model = nnx.merge(self.graphdef, params)
     mask = attend = None
@@ -156,7 +157,7 @@ class TrainStep:
                              pred_index=mb.get("pred_index"), attention_mask=mask,
                              attention=lcfg.attention, remat=lcfg.remat,
                              logits_chunk=lcfg.logits_chunk, with_entropy=with_entropy,
-                             attend=attend)
+                             attend=attend, temperature=float(self.config.rollout.temperature))
 
   def _loss(self, params, mb):
     lcfg = self.config.learner

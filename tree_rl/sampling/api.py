@@ -319,8 +319,8 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
   Each row runs from its pending token until it samples one of `stop_ids`, reaches
   min(max_tokens[b], budget[b], max_new) new tokens (defaults: max_new), or cannot store more
   KV. temperature 0 is greedy; top_k (0 = off) and top_p (1.0 = off) are static. Returns
-  DecodeOutput(tokens [B, max_new] (-1 padded), logprobs [B, max_new] under the temperature-1
-  policy, lengths [B], stop_reason [B] (a `StopReason`)). Check
+  DecodeOutput(tokens [B, max_new] (-1 padded), logprobs [B, max_new] under softmax(logits /
+  temperature) (temperature 1 when greedy), lengths [B], stop_reason [B] (a `StopReason`)). Check
   `exhaustion_message` at the turn boundary: rows stopped by OUT_OF_PAGES keep a consistent
   cache and can continue after pages are released or config.sampler.num_pages is raised.
 

@@ -42,7 +42,7 @@ class StopReason(enum.IntEnum):
 @struct.dataclass
 class DecodeOutput:
   tokens: jax.Array        # [B, max_new] int32, -1 after each row's length
-  logprobs: jax.Array      # [B, max_new] float32 log p(token) under the temperature-1 policy
+  logprobs: jax.Array      # [B, max_new] float32 log p(token) under softmax(logits / T) (T = 1 when greedy)
   lengths: jax.Array       # [B] int32 new tokens per row
   stop_reason: jax.Array   # [B] int32, one of the codes above
   steps: jax.Array         # [] or [shards] int32 loop iterations run

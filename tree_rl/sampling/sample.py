@@ -8,10 +8,12 @@ import jax.numpy as jnp
 
 def sample(key: jax.Array, logits: jax.Array, temperature: jax.Array, top_k: int = 0,
            top_p: float = 1.0) -> tuple[jax.Array, jax.Array]:
-  """logits [B, V] float32 -> (tokens [B] int32, logprob [B] under the temperature-1 policy).
+  """logits [B, V] float32 -> (tokens [B] int32, logprob [B] under softmax(logits / T)).
 
   top_k (0 = off) and top_p (1.0 = off) are static so disabled filters cost nothing;
-  temperature is a traced scalar, and temperature <= 0 means greedy.
+  temperature T is a traced scalar, and T <= 0 means greedy (logprob then under T = 1). The
+  logprob is of the tempered distribution before the top-k / top-p filters: the policy the
+  learner trains (`tree_rl.learner.logprobs`, same temperature); training refuses the filters.
   """
   logits = logits.astype(jnp.float32)
   t = jnp.asarray(temperature, jnp.float32)
@@ -33,8 +35,9 @@ def sample(key: jax.Array, logits: jax.Array, temperature: jax.Array, top_k: int
 
   greedy = lambda logits: jnp.argmax(logits, axis=-1).astype(jnp.int32)  # noqa: E731
   tokens = jax.lax.cond(t > 0, draw, greedy, logits)   # only one branch runs
-  lse = jax.nn.logsumexp(logits, axis=-1)
-  return tokens, jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - lse
+  policy = logits / jnp.where(t > 0, t, 1.0)
+  lse = jax.nn.logsumexp(policy, axis=-1)
+  return tokens, jnp.take_along_axis(policy, tokens[:, None], axis=-1)[:, 0] - lse
 
 
 def _top_p_filter(sorted_vals: jax.Array, top_p: float) -> jax.Array:
