@@ -1,20 +1,24 @@
 """Shared pieces of the experiment configs: algorithm presets and the smoke shrink."""
 
-# algo -> (rollout method, advantage estimator); GRPO and RLOO are chains with their estimator.
+# algo -> (rollout method, advantage estimator, loss aggregation); GRPO and RLOO are chains with
+# their estimator. Aggregation is each method's own: GRPO and PATR (and Tree-Random, its control)
+# average per trajectory, then per group, then over prompts (PATR's 1/G sum_i 1/|tau_i| sum_t,
+# so a prompt that grew 6 leaves weighs as much as one with 4); the public Tree-GRPO code trains
+# with verl's token mean over the batch.
 ALGOS = {
-    "grpo": ("chain", "grpo"),
-    "rloo": ("chain", "rloo"),
-    "chain": ("chain", "grpo"),
-    "tree_grpo": ("tree_grpo", "tree_grpo"),
-    "patr": ("patr", "grpo"),
-    "tree_random": ("tree_random", "grpo"),
+    "grpo": ("chain", "grpo", "traj_mean_group_mean"),
+    "rloo": ("chain", "rloo", "traj_mean_group_mean"),
+    "chain": ("chain", "grpo", "traj_mean_group_mean"),
+    "tree_grpo": ("tree_grpo", "tree_grpo", "token_mean"),
+    "patr": ("patr", "grpo", "traj_mean_group_mean"),
+    "tree_random": ("tree_random", "grpo", "traj_mean_group_mean"),
 }
 
 
 def apply_algo(c, algo: str):
   if algo not in ALGOS:
     raise KeyError(f"unknown algo {algo!r}; known: {sorted(ALGOS)}")
-  c.rollout.method, c.learner.advantage = ALGOS[algo]
+  c.rollout.method, c.learner.advantage, c.learner.aggregation = ALGOS[algo]
 
 
 def apply_model(c, model: str, hf_path: str):

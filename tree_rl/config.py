@@ -114,7 +114,7 @@ def base_config() -> ml_collections.ConfigDict:
       advantage="grpo",         # a name in tree_rl.learner.advantages' registry
       adv_eps=1e-6,             # std guard of the advantage normalisation
       packed=True,              # tree-packed batches (each node's tokens once) vs one row per leaf
-      aggregation="traj_mean",  # traj_mean | traj_mean_group_mean | token_mean | token_sum
+      aggregation="traj_mean_group_mean",  # traj_mean | traj_mean_group_mean | token_mean | token_sum (configs' algo presets set each method's own)
       clip_low=0.28,            # rho clipped below at 1 - clip_low (PATR: 0.28)
       clip_high=0.28,           # rho clipped above at 1 + clip_high
       kl_coef=0.001,            # k3 KL-to-reference coefficient (0 disables)

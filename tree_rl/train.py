@@ -189,6 +189,10 @@ def _progress(config, total: int, initial: int):
 def train_and_evaluate(config, workdir: str) -> dict:
   """Run (or resume) the experiment in `workdir`; returns the final evaluation metrics."""
   parts = build_parts(config)   # validates the config first: a bad one writes nothing
+  r, lc = config.rollout, config.learner
+  print(f"{r.method} rollouts on {config.env.name} ({config.env.preset}), model {config.model.preset}: "
+        f"advantage {lc.advantage}, loss aggregation {lc.aggregation}, lr {lc.learning_rate:g}, "
+        f"temperature {r.temperature:g}; workdir {workdir}", flush=True)
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2))

@@ -64,7 +64,7 @@ def test_every_config_builds_and_validates(path, algo, variant):
   """Each family x algo x model/smoke is a locked config that passes the full pre-compute
   validation (names, budgets and the KV page pool of its rollout)."""
   config = sweep_build.check(Run("configs", "x", 0, f"{path}:algo={algo},{variant}", ()))
-  assert (config.rollout.method, config.learner.advantage) == ALGOS[algo]
+  assert (config.rollout.method, config.learner.advantage, config.learner.aggregation) == ALGOS[algo]
   with pytest.raises(AttributeError):
     config.rollout.not_a_field = 1
 

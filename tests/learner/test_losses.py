@@ -240,3 +240,26 @@ def test_kv_block_lists_are_the_blocks_with_visible_keys():
     for j in range(nb):
       got = {int(x) for x in pb.kv_blocks[r, j] if x >= 0}
       assert set(np.nonzero(visible[j])[0]) <= got <= set(np.nonzero(visible[j])[0]) | {j}
+
+
+@pytest.mark.parametrize("algo", ["patr", "tree_random", "grpo"])
+def test_the_group_methods_default_weighs_a_4_leaf_and_a_6_leaf_prompt_equally(algo):
+  from configs import frozenlake
+  agg = frozenlake.get_config(f"algo={algo}").learner.aggregation
+  lengths = np.array([3, 5, 2, 7, 4, 4, 1, 9, 2, 6], np.float32)   # loss tokens per leaf
+  groups = np.array([0] * 4 + [1] * 6)
+  w = np.asarray(losses.leaf_weights(lengths, groups, agg))
+  per_prompt = [float((w * lengths)[groups == g].sum()) for g in (0, 1)]
+  np.testing.assert_allclose(per_prompt, [0.5, 0.5], rtol=1e-6)
+  # within a prompt every leaf weighs 1/G, whatever its length (PATR: 1/G sum_i 1/|tau_i| sum_t)
+  np.testing.assert_allclose((w * lengths)[groups == 1], 1 / 12, rtol=1e-6)
+  # the per-trajectory mean over the batch gives the 6-leaf prompt 1.5x the other's weight
+  old = np.asarray(losses.leaf_weights(lengths, groups, "traj_mean")) * lengths
+  assert abs(old[groups == 1].sum() / old[groups == 0].sum() - 1.5) < 1e-5
+
+
+def test_tree_grpo_default_is_the_public_codes_token_mean():
+  from configs import frozenlake
+  agg = frozenlake.get_config("algo=tree_grpo").learner.aggregation
+  lengths = np.array([3, 5, 2, 7], np.float32)
+  np.testing.assert_allclose(np.asarray(losses.leaf_weights(lengths, np.zeros(4), agg)), 1 / 17)
