@@ -21,13 +21,43 @@ def apply_algo(c, algo: str):
   c.rollout.method, c.learner.advantage, c.learner.aggregation = ALGOS[algo]
 
 
+# The papers' RL setting for a pretrained policy (PATR's FrozenLake table, REFERENCE section 2:
+# Qwen2.5-0.5B, lr 1e-6, clip 0.28, KL 0.001, temperature 1, batch 64, 400 steps).
+PAPER_RL = {
+    "learner.learning_rate": 1e-6, "learner.clip_low": 0.28, "learner.clip_high": 0.28,
+    "learner.kl_coef": 0.001, "rollout.temperature": 1.0, "rollout.prompts_per_step": 64,
+    "train.num_steps": 400,
+}
+# From-scratch tiny / small policies on a CPU: lr 1e-3 is what the FrozenLake RL runs measured
+# (docs/benchmarks.md, "RL loop"; 1e-6 does not move a 0.45M-parameter policy).
+FROM_SCRATCH_RL = {"learner.learning_rate": 1e-3}
+# Tokens per agent turn for a pretrained agent's thought + action (the tiny policies reply with a
+# word or two, and their configs set less).
+HF_REPLY_TOKENS = 512
+
+
+def apply(c, values: dict):
+  """Set dotted fields `{"section.field": value}`."""
+  for key, value in values.items():
+    section, field = key.split(".")
+    c[section][field] = value
+
+
 def apply_model(c, model: str, hf_path: str):
+  """Per-model defaults: `hf` gets the papers' setting; tiny / small what the CPU runs measured.
+  The KV pool of `hf` is sized to the rollout's worst case (sampler.num_pages=0)."""
   c.model.preset = model
   c.model.hf_path = hf_path
   if model == "hf":
     c.tokenizer.kind = "hf"
     c.warmstart.enabled = False   # a pretrained checkpoint needs no warm start
     c.sampler.kv_dtype = "bfloat16"
+    c.sampler.num_pages = 0
+    c.rollout.max_tokens_per_turn = HF_REPLY_TOKENS
+    apply(c, PAPER_RL)
+  else:
+    c.sampler.kv_dtype = "float32" if model == "tiny" else c.sampler.kv_dtype
+    apply(c, FROM_SCRATCH_RL)
 
 
 def apply_smoke(c):

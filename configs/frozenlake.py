@@ -1,7 +1,10 @@
-"""FrozenLake (rLLM rules, not slippery): a from-scratch policy trained with tree rollouts.
+"""FrozenLake (rLLM rules, not slippery): tree rollouts for a pretrained or a from-scratch policy.
 
-The default is scaled for a 2-core CPU: maps of side 2..5 (`env.preset=rllm_small`; the papers'
-2..9 is `--config.env.preset=rllm`) and observations that also name the goal's offset
+`model=hf` (a local Qwen-style checkpoint, `hf_path=...`) is the papers' setting: rLLM maps of
+side 2..9 (`env.preset=rllm`), no goal hint, PATR's table (B0=4, M=2, K=5, 10 turns, alpha 0.5,
+Theta 6, lr 1e-6, clip 0.28, KL 0.001, temperature 1, 64 prompts x 400 steps), 512 tokens per
+turn. `model=tiny|small` (from scratch, warm-started on expert demos) is scaled for a 2-core CPU:
+maps of side 2..5 (`env.preset=rllm_small`) and observations that also name the goal's offset
 (`env.goal_hint`: the 0.45M-parameter tiny model does not learn to locate the goal in the grid
 text within CPU budgets; with the hint it learns to move towards it in ~300 SFT steps).
 
@@ -20,19 +23,33 @@ from tree_rl.config import base_config, lock, parse_arg
 def get_config(arg=None):
   args = parse_arg(arg, algo="patr", model="tiny", hf_path="", smoke=False)
   c = base_config()
-  c.env.name, c.env.preset = "frozenlake", "rllm_small"
-  c.env.goal_hint = args.model != "hf"   # a pretrained LLM reads the grid as the papers' agents do
+  c.env.name = "frozenlake"
   apply_algo(c, args.algo)
+  # PATR's FrozenLake rollout: B0=4 branches, M=2 children, scored every K=5 steps, 10 turns;
+  # the GRPO baseline samples 8 per prompt.
+  c.rollout.max_turns = 10
+  c.rollout.initial_branches, c.rollout.expand_children, c.rollout.score_every = 4, 2, 5
+  c.rollout.prune_alpha, c.rollout.prune_repeat = 0.5, 6
+  c.rollout.group_size = 8
   apply_model(c, args.model, args.hf_path)
+  if args.model == "hf":
+    c.env.preset, c.env.goal_hint = "rllm", False   # the papers' maps; the agent reads the grid
+  else:
+    _cpu_scale(c)
+  if args.smoke:
+    apply_smoke(c)
+  return lock(c)
+
+
+def _cpu_scale(c):
+  """The from-scratch policy on a 2-core CPU (docs/benchmarks.md measures each choice)."""
+  c.env.preset, c.env.goal_hint = "rllm_small", True
   # The tiny from-scratch policy replies with one move word: 16 tokens per turn is ample.
   c.rollout.max_tokens_per_turn = 16
-  c.sampler.kv_dtype = "float32" if args.model == "tiny" else c.sampler.kv_dtype
-  # Scaled for a 2-core CPU (the papers: batch 64, 400 steps): 8 prompts x 16 steps, PATR with the
-  # paper's B0=4 and a cap of 8 branches, eval on the 100 held-out maps every 8 steps.
+  # The papers: batch 64, 400 steps; here 8 prompts x 16 steps, PATR with a cap of 8 branches,
+  # eval on the 100 held-out maps every 8 steps.
   c.rollout.prompts_per_step = 8
-  c.rollout.initial_branches = 4
   c.rollout.max_branches = 8
-  c.rollout.group_size = 4
   c.sampler.num_pages = 8192
   c.sampler.attention = "reference"   # fewest compiled shapes on CPU; "auto" on accelerators
   # Per-leaf rows: their memory is bounded by (leaves x longest path); packed rows of 10-turn PATR
@@ -41,9 +58,6 @@ def get_config(arg=None):
   # Four micro-batches per update: the same update (summed gradients) at about half the peak
   # host memory of the main job (5.8 GB instead of 10.5 GB; docs/benchmarks.md).
   c.learner.microbatches = 4
-  # The papers' 1e-6 is for 0.5B+ pretrained policies; this 0.45M from-scratch one needs ~1e-4..1e-3
-  # (docs/benchmarks.md, "RL loop").
-  c.learner.learning_rate = 1e-3
   # Warm start: imitate an expert that plays a random move 20% of the time (the noisy moves are
   # trained on too), and stop as soon as the greedy policy wins half of 64 train maps. The result
   # plays the right move most often but samples many wrong ones: it completes episodes, is far
@@ -58,6 +72,3 @@ def get_config(arg=None):
   c.train.eval_prompts = 100
   c.train.eval_samples = 2
   c.checkpoint.every_steps = 4
-  if args.smoke:
-    apply_smoke(c)
-  return lock(c)

@@ -1,5 +1,8 @@
 """Multi-hop QA with a search tool (the stand-in for the papers' retrieval agents).
 
+`model=hf` gets the papers' RL setting (lr 1e-6, clip 0.28, KL 0.001, temperature 1, 512 tokens
+per turn; configs/common.py); `model=tiny|small` replies with a few tokens per turn.
+
 Run:
   python -m experiments.train --config=configs/toolcall.py:algo=tree_grpo,model=tiny --workdir=runs/qa
 Smoke:
@@ -18,10 +21,10 @@ def get_config(arg=None):
   c.rollout.max_turns = 6    # up to 3 hops of search, then the answer
   apply_algo(c, args.algo)
   apply_model(c, args.model, args.hf_path)
-  c.rollout.max_tokens_per_turn = 24            # <search>a few words</search> or <answer>name</answer>
-  c.sampler.kv_dtype = "float32" if args.model == "tiny" else c.sampler.kv_dtype
+  if args.model != "hf":
+    c.rollout.max_tokens_per_turn = 24          # <search>a few words</search> or <answer>name</answer>
+    c.sampler.num_pages = 8192                  # patr / tree_random / grpo need up to 8,144 pages here
   c.warmstart.max_len = 512                     # the question prompt alone is ~200 tokens
-  c.sampler.num_pages = 8192                    # patr / tree_random / grpo need up to 8,144 pages here
   if args.smoke:
     apply_smoke(c)
     c.warmstart.max_len = 384

@@ -65,7 +65,7 @@ def base_config() -> ml_collections.ConfigDict:
   )
   c.sampler = dict(
       page_size=16,             # tokens per KV page
-      num_pages=4096,           # KV pages per data shard; raise when rollouts report exhaustion
+      num_pages=4096,           # KV pages per data shard (0: the rollouts' worst case, computed); a pool too small is refused up front
       kv_dtype="bfloat16",      # KV cache dtype: bfloat16 | float32
       attention="auto",         # paged attention: auto (= cascade) | cascade | reference
       max_shared_pages=256,     # cascade: most pages read once per step for all rows (rest go per row)

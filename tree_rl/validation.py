@@ -51,7 +51,8 @@ def validate(config, *, engine=None, layout=None) -> None:
   _check(int(config.checkpoint.every_steps) >= 1, "config.checkpoint.every_steps must be >= 1")
   _check(int(config.checkpoint.keep) >= 1, "config.checkpoint.keep must be >= 1")
   _check(int(s.page_size) >= 1, f"config.sampler.page_size must be >= 1, got {s.page_size}")
-  _check(int(s.num_pages) >= 1, f"config.sampler.num_pages must be >= 1, got {s.num_pages}")
+  _check(int(s.num_pages) >= 0,
+         f"config.sampler.num_pages must be >= 0 (0: the rollouts' worst case), got {s.num_pages}")
   _check(int(s.max_shared_pages) >= 0,
          f"config.sampler.max_shared_pages must be >= 0, got {s.max_shared_pages}")
   _check(s.kv_dtype in KV_DTYPES, f"config.sampler.kv_dtype={s.kv_dtype!r}; known: {KV_DTYPES}")
@@ -85,7 +86,7 @@ def validate(config, *, engine=None, layout=None) -> None:
            f"config.rollout.max_tokens_per_turn={r.max_tokens_per_turn}"
            + (f", config.env.max_calls={calls}" if calls is not None and r.budget_unit == "tool_calls" else "")
            + "): raise the budget")
-  if engine is not None and layout is not None:
+  if engine is not None and layout is not None and int(s.num_pages) > 0:
     page = int(s.page_size)
     need = pages_needed(engine, layout, page)
     _check(int(s.num_pages) >= need,

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from configs import frozenlake
+from configs import frozenlake, toolcall
 from configs.common import ALGOS
 from experiments.sweeps import build as sweep_build
 from experiments.sweeps.core import Run
@@ -85,7 +85,7 @@ def test_cli_bad_config_argument_is_one_clear_line():
 
 @pytest.mark.parametrize("override, message", [
     (("sampler", "page_size", 0), "config.sampler.page_size must be >= 1"),
-    (("sampler", "num_pages", 0), "config.sampler.num_pages must be >= 1"),
+    (("sampler", "num_pages", -1), "config.sampler.num_pages must be >= 0"),
     (("sampler", "kv_dtype", "int8"), "config.sampler.kv_dtype='int8'"),
     (("sampler", "attention", "flash"), "config.sampler.attention='flash'"),
     (("rollout", "top_p", 0.0), "config.rollout.top_p=0.0 must be in"),
@@ -144,3 +144,33 @@ def test_cli_config_error_is_one_line_exit_2_and_writes_nothing(tmp_path):
   assert proc.stderr.strip().splitlines()[-1].startswith(
       "error: ConfigError: config.sampler.page_size must be >= 1")
   assert not workdir.exists()
+
+
+def test_model_hf_gets_the_papers_frozenlake_setting():
+  """PATR's FrozenLake table (Qwen2.5-0.5B), written out here: rLLM maps 2..9 without a hint,
+  B0=4, M=2, K=5, 10 turns, alpha 0.5, Theta 6, lr 1e-6, clip 0.28, KL 0.001, temperature 1,
+  batch 64, 400 steps; GRPO's group of 8; replies long enough for thought + action."""
+  c = frozenlake.get_config("algo=patr,model=hf,hf_path=ckpt")
+  got = {k: c[k.split(".")[0]][k.split(".")[1]] for k in (
+      "env.preset", "env.goal_hint", "rollout.initial_branches", "rollout.expand_children",
+      "rollout.score_every", "rollout.max_turns", "rollout.prune_alpha", "rollout.prune_repeat",
+      "learner.learning_rate", "learner.clip_low", "learner.clip_high", "learner.kl_coef",
+      "rollout.temperature", "rollout.prompts_per_step", "train.num_steps",
+      "rollout.max_tokens_per_turn", "warmstart.enabled", "tokenizer.kind")}
+  assert got == {
+      "env.preset": "rllm", "env.goal_hint": False, "rollout.initial_branches": 4,
+      "rollout.expand_children": 2, "rollout.score_every": 5, "rollout.max_turns": 10,
+      "rollout.prune_alpha": 0.5, "rollout.prune_repeat": 6, "learner.learning_rate": 1e-6,
+      "learner.clip_low": 0.28, "learner.clip_high": 0.28, "learner.kl_coef": 0.001,
+      "rollout.temperature": 1.0, "rollout.prompts_per_step": 64, "train.num_steps": 400,
+      "rollout.max_tokens_per_turn": 512, "warmstart.enabled": False, "tokenizer.kind": "hf"}
+  assert frozenlake.get_config("algo=grpo,model=hf").rollout.group_size == 8
+  qa = toolcall.get_config("algo=patr,model=hf")
+  assert (qa.learner.learning_rate, qa.rollout.max_tokens_per_turn) == (1e-6, 512)
+
+
+@pytest.mark.parametrize("module", [frozenlake, toolcall])
+def test_from_scratch_models_get_the_cpu_measured_learning_rate(module):
+  for model in ("tiny", "small"):
+    c = module.get_config(f"algo=patr,model={model}")
+    assert c.learner.learning_rate == 1e-3 and c.rollout.max_tokens_per_turn <= 24
