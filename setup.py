@@ -21,13 +21,13 @@ setup(
         f"flax==0.12.10; {PY312}",
         "optax==0.2.8",
         "orbax-checkpoint==0.12.4",
-        "chex==0.1.92",
         "ml-collections==1.1.0",
         "absl-py==2.5.1",
         "tensorflow-datasets==4.9.10",
         "array-record==0.8.6",
         "etils[epath]==1.15.0",
         "transformers==5.17.0",
+        "jinja2==3.1.6",          # transformers' apply_chat_template (model=hf)
         "tokenizers==0.23.3",
         "safetensors==0.8.0",
         "numpy>=2.0,<2.5",
@@ -38,8 +38,10 @@ setup(
     extras_require={
         # torch pinned to the CPU build used by the HF parity tests and the peers.
         "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "hypothesis==6.170.17", "torch==2.13.0",
-                 "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0",
+                 "chex==0.1.92", "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0",
                  "gymnasium==1.4.0"],  # FrozenLake parity tests
+        # The sampler benchmark's HF-generate peer (experiments/bench_sampler.py --peer).
+        "bench": ["torch==2.13.0"],
         # Accelerators: pip install -e '.[cuda12]' (or cuda13 / tpu) on top of the pins above.
         "cuda12": ["jax[cuda12]"],
         "cuda13": ["jax[cuda13]"],
