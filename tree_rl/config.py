@@ -230,3 +230,83 @@ def exit_on_bad_input(main):
       sys.exit(2)
 
   return wrapped
+
+
+# ----------------------------------------------------------------------------- saved configs
+
+# Fields that change neither the policy nor the held-out set: an evaluation may override them.
+EVAL_ONLY = ("train.eval_samples", "train.eval_prompts", "sampler.num_pages", "sampler.attention",
+             "sampler.max_shared_pages", "logging.", "mesh.", "checkpoint.")
+
+
+def _flat(c, prefix="") -> dict:
+  out = {}
+  for k, v in c.items():
+    if isinstance(v, (dict, ml_collections.ConfigDict)):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _tuples(v):
+  return tuple(_tuples(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+def from_json(text: str) -> ml_collections.ConfigDict:
+  """A locked config from a run's saved `config.json` (the schema's types restored)."""
+  import json
+
+  c = base_config()
+  for key, value in _flat(json.loads(text)).items():
+    section, _, field = key.partition(".")
+    if section not in c or (field and field not in c[section]):
+      raise ValueError(f"saved config field {key!r} is not in this version's schema")
+    if field:
+      c[section][field] = _tuples(value)
+    else:
+      c[section] = value
+  return lock(c)
+
+
+def differences(a, b) -> list[str]:
+  """Dotted fields whose values differ between configs `a` and `b`."""
+  fa, fb = _flat(a), _flat(b)
+  return sorted(k for k in set(fa) | set(fb) if _tuples(fa.get(k)) != _tuples(fb.get(k)))
+
+
+def _eval_only(key: str) -> bool:
+  return any(key == e or (e.endswith(".") and key.startswith(e)) for e in EVAL_ONLY)
+
+
+def eval_config(workdir: str, given=None, *, overrides=None) -> ml_collections.ConfigDict:
+  """The config to evaluate `workdir`'s checkpoints with: the run's saved config.json.
+
+  given: a config from the command line. With `overrides` (the dotted fields set by
+  --config.x=... when no --config file was named) only those fields are taken from it; without,
+  `given` is an explicit --config and is compared whole. Either way, a field outside `EVAL_ONLY`
+  that differs from the run's is refused, naming the fields.
+  """
+  import os
+
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} not found: is {workdir!r} a training run directory?")
+  with open(path) as f:
+    saved = from_json(f.read())
+  if given is None:
+    return saved
+  flat_given, flat_saved = _flat(given), _flat(saved)
+  fields = (differences(saved, given) if overrides is None else
+            sorted(k for k in overrides if _tuples(flat_given[k]) != _tuples(flat_saved[k])))
+  bad = [k for k in fields if not _eval_only(k)]
+  if bad:
+    shown = ", ".join(f"{k}={flat_given.get(k)!r} (run: {flat_saved.get(k)!r})" for k in bad[:8])
+    raise ValueError(f"the given config differs from {path} in fields that change the policy or "
+                     f"the evaluation set: {shown}; evaluate with the run's own config (omit "
+                     f"--config) and override only {', '.join(e + '*' if e.endswith('.') else e for e in EVAL_ONLY)}")
+  out = saved.copy_and_resolve_references()
+  for k in fields:
+    section, field = k.split(".", 1)
+    out[section][field] = _tuples(flat_given[k])
+  return lock(out)

@@ -174,3 +174,20 @@ def test_from_scratch_models_get_the_cpu_measured_learning_rate(module):
   for model in ("tiny", "small"):
     c = module.get_config(f"algo=patr,model={model}")
     assert c.learner.learning_rate == 1e-3 and c.rollout.max_tokens_per_turn <= 24
+
+
+def test_a_saved_config_round_trips_and_eval_overrides_are_limited_to_eval_fields(tmp_path):
+  from tree_rl.config import differences, eval_config, from_json
+  run = frozenlake.get_config("algo=tree_grpo,smoke")
+  (tmp_path / "config.json").write_text(run.to_json_best_effort(indent=2))
+  saved = from_json((tmp_path / "config.json").read_text())
+  assert differences(run, saved) == [] and saved.mesh.shape == run.mesh.shape
+  assert differences(eval_config(str(tmp_path)), run) == []
+  other = frozenlake.get_config("algo=patr")                 # a different file config
+  other.train.eval_samples = 7
+  got = eval_config(str(tmp_path), other, overrides=["train.eval_samples"])
+  assert differences(got, run) == ["train.eval_samples"] and got.train.eval_samples == 7
+  with pytest.raises(ValueError, match=r"rollout\.method='patr' \(run: 'tree_grpo'\)"):
+    eval_config(str(tmp_path), other)
+  with pytest.raises(FileNotFoundError, match="not a training run|config.json not found"):
+    eval_config(str(tmp_path / "nope"))

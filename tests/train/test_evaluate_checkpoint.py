@@ -1,7 +1,10 @@
 """Evaluating a saved policy: the same checkpoint and seed give the same numbers twice, and they
 equal the eval rows the training loop logged for those steps."""
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -9,7 +12,12 @@ from configs import frozenlake
 from tree_rl.metrics import read_jsonl
 from tree_rl.train import evaluate_checkpoint, train_and_evaluate
 
-from loop_helpers import smoke
+from loop_helpers import ROOT, smoke
+
+
+def _evaluate_cli(*args):
+  return subprocess.run([sys.executable, "-m", "experiments.evaluate", *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=600)
 
 
 def test_eval_of_a_checkpoint_is_reproducible_and_matches_the_log(tmp_path, data_dir):
@@ -28,3 +36,24 @@ def test_eval_of_a_checkpoint_is_reproducible_and_matches_the_log(tmp_path, data
   assert evaluate_checkpoint(config, workdir)["step"] == 2   # the latest by default
   with pytest.raises(FileNotFoundError, match="no checkpoint step 7 .*saved steps: \\[0, 1, 2\\]"):
     evaluate_checkpoint(config, workdir, 7)
+
+  # The command line, without --config, evaluates with the run's saved config (not the file's
+  # defaults: configs/frozenlake.py is PATR on other maps), and refuses one that differs.
+  proc = _evaluate_cli(f"--workdir={workdir}", "--steps=2")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  got = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert {k: v for k, v in got.items() if k.startswith("eval/")} == \
+      {k: v for k, v in logged[2].items() if k.startswith("eval/")}
+  proc = _evaluate_cli(f"--workdir={workdir}", "--config=configs/frozenlake.py:algo=patr,smoke")
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert "rollout.method='patr' (run: 'chain')" in proc.stderr
+  proc = _evaluate_cli(f"--workdir={workdir}", "--config.rollout.temperature=0.5")
+  assert proc.returncode == 2 and "rollout.temperature=0.5 (run: 1.0)" in proc.stderr
+
+
+def _evaluate_cli(*args):
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  return subprocess.run([sys.executable, "-m", "experiments.evaluate", *args], cwd=root,
+                        capture_output=True, text=True, timeout=600)
