@@ -50,10 +50,3 @@ def test_eval_of_a_checkpoint_is_reproducible_and_matches_the_log(tmp_path, data
   proc = _evaluate_cli(f"--workdir={workdir}", "--config.rollout.temperature=0.5")
   assert proc.returncode == 2 and "rollout.temperature=0.5 (run: 1.0)" in proc.stderr
 
-
-def _evaluate_cli(*args):
-  import subprocess
-  import sys
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  return subprocess.run([sys.executable, "-m", "experiments.evaluate", *args], cwd=root,
-                        capture_output=True, text=True, timeout=600)
