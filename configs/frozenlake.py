@@ -32,7 +32,7 @@ def get_config(arg=None):
   c.rollout.prompts_per_step = 8
   c.rollout.initial_branches = 4
   c.rollout.max_branches = 8
-  c.rollout.group_size = 4
+  c.rollout.group_size = 8            # PATR's GRPO baseline: a group of 8
   c.sampler.num_pages = 8192
   c.sampler.attention = "reference"   # fewest compiled shapes on CPU; "auto" on accelerators
   # Per-leaf rows: their memory is bounded by (leaves x longest path); packed rows of 10-turn PATR
