@@ -83,7 +83,7 @@ def base_config() -> ml_collections.ConfigDict:
       num_trees=2,              # tree_grpo: trees per prompt (M)
       expand_nodes=2,           # tree_grpo: expansion nodes per tree per iteration (N)
       expand_iterations=1,      # tree_grpo: expansion iterations (L); leaves = M * (L * N + 1)
-      keep_leaves=0,            # tree_grpo: random leaves kept per tree (K); 0 keeps all
+      keep_leaves=3,            # tree_grpo: random leaves kept per tree (K, public code: 3); 0 keeps all
       initial_branches=4,       # patr / tree_random: branches started per prompt (B0)
       expand_children=2,        # patr / tree_random: children of an expanded branch (M)
       score_every=5,            # patr / tree_random: agent steps between scoring rounds (K)
@@ -91,6 +91,7 @@ def base_config() -> ml_collections.ConfigDict:
       prune_alpha=0.5,          # patr / tree_random: prune s < median(active s) - alpha
       prune_repeat=6,           # patr / tree_random: prune after the same action Theta times; 0 off
       keep_pruned=True,         # patr / tree_random: pruned branches stay in the group (else dropped)
+      keep_best=0,              # patr / tree_random: only the n best-scored leaves enter the group (Best_n); 0 off
       max_branches=16,          # patr / tree_random: cap on branches started per prompt
       budget=0,                 # per-prompt budget in budget_unit; 0 = unlimited
       budget_unit="generated",  # generated | computed (generated + prefilled) | tool_calls | env_steps

@@ -94,6 +94,17 @@ def _prompt_order(config, num_tasks: int, position: int, count: int) -> np.ndarr
   return np.asarray(out, np.int32)
 
 
+def _prompt_batch(config, num_tasks: int, position: int, count: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  """(task indices, group ids) of the prompts at stream positions [position, position + count).
+
+  The group id is the stream position: an epoch boundary inside the batch can draw a task
+  twice, and each copy is its own advantage group. Both derive from the step (exact resume).
+  """
+  return (_prompt_order(config, num_tasks, position, count),
+          np.arange(position, position + count, dtype=np.int32))
+
+
 def _step_key(config, step: int, stream: int) -> jax.Array:
   return jax.random.fold_in(jax.random.fold_in(jax.random.key(int(config.seed)), step), stream)
 
@@ -111,11 +122,11 @@ def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: i
   """Rollout + updates for RL step `step`; returns (train_state, cache, metrics)."""
   config = parts.config
   p = int(config.rollout.prompts_per_step)
-  ids = _prompt_order(config, parts.tasks.num_train, position, p)
+  ids, groups = _prompt_batch(config, parts.tasks.num_train, position, p)
   states = jax.tree.map(lambda x: x[ids], parts.tasks.train_states)
   t0 = time.perf_counter()
   out, cache = run(parts.engine, parts.method, cache, states, _step_key(config, step, 0),
-                   prompt_ids=jnp.asarray(ids), scorer=parts.scorer,
+                   prompt_ids=jnp.asarray(groups), scorer=parts.scorer,
                    budget=int(config.rollout.budget), budget_unit=config.rollout.budget_unit)
   jax.block_until_ready(out.tree.tokens)
   rollout_s = time.perf_counter() - t0
@@ -132,6 +143,7 @@ def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: i
   learner_s = time.perf_counter() - t1
   tokens = sum(int(np.sum(np.asarray(b.loss_mask))) for b in batches) * int(config.train.ppo_epochs)
   metrics = {f"rollout/{k}": v for k, v in out.stats.items()}
+  metrics["rollout/repeated_tasks"] = p - len(np.unique(ids))   # copies beyond the first
   for k in learner_metrics[0]:
     # ratio_dev = mean |pi / pi_old - 1| of the first epoch: how far the learner's policy is
     # from the sampler's on the same tokens (bf16 KV, other kernels), before later epochs move it.

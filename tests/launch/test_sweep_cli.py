@@ -54,13 +54,15 @@ def test_patr_ablation_dry_run_has_entries_times_seeds_commands():
   proc = sweep_cli("patr_ablation", "--dry-run")
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.splitlines()
-  assert len(lines) == len(sweeps.get("patr_ablation").entries) * 3 == 27
+  assert len(lines) == len(sweeps.get("patr_ablation").entries) * 3 == 30
   assert f"launch/local.sh {BASE} --workdir=runs/sweeps/patr_ablation/M3_seed1 " \
          "--config.rollout.expand_children=3 --config.seed=1" in lines
   assert "launch/local.sh --config=configs/frozenlake.py:algo=tree_random " \
          "--workdir=runs/sweeps/patr_ablation/random_seed2 --config.seed=2" in lines
-  assert f"launch/local.sh {BASE} --workdir=runs/sweeps/patr_ablation/best_only_seed0 " \
+  assert f"launch/local.sh {BASE} --workdir=runs/sweeps/patr_ablation/drop_pruned_seed0 " \
          "--config.rollout.keep_pruned=false --config.seed=0" in lines
+  assert f"launch/local.sh {BASE} --workdir=runs/sweeps/patr_ablation/best_n_seed0 " \
+         "--config.rollout.keep_best=4 --config.seed=0" in lines
 
 
 def test_budget_curve_commands_carry_the_budget_in_generated_tokens():

@@ -95,7 +95,8 @@ def test_patr_ablation_varies_one_factor_at_a_time():
             "K1": ("rollout.score_every", 1), "K3": ("rollout.score_every", 3),
             "K5": ("rollout.score_every", 5), "top1": ("rollout.expand_top_k", 1),
             "top2": ("rollout.expand_top_k", 2), "top4": ("rollout.expand_top_k", 4),
-            "keep_all": ("rollout.keep_pruned", True), "best_only": ("rollout.keep_pruned", False),
+            "keep_all": ("rollout.keep_pruned", True), "drop_pruned": ("rollout.keep_pruned", False),
+            "best_n": ("rollout.keep_best", base.rollout.initial_branches),
             "heuristic": ("scorer.name", "heuristic"), "judge": ("scorer.name", "judge")}
   # Values the base config already has are covered by the single `base` entry.
   want = {e: kv for e, kv in papers.items() if _field(base, kv[0]) != kv[1]}
@@ -119,19 +120,47 @@ def test_single_axis_sweeps_cover_the_papers_values():
   assert values("patr_expand", "rollout.expand_children") == [2, 3]
   assert values("patr_interval", "rollout.score_every") == [1, 3, 5]
   assert values("patr_topk", "rollout.expand_top_k") == [1, 2, 4]
-  assert values("patr_keep_pruned", "rollout.keep_pruned") == [False, True]
+  assert values("patr_keep_pruned", "rollout.keep_pruned") == [False, True, True]
+  assert values("patr_keep_pruned", "rollout.keep_best") == [0, 0, 4]   # Best_n with n = B0
   methods = [(c.rollout.method, c.scorer.name) for c in check_all(sweeps.get("patr_scorer").runs([0]))]
   assert methods == [("patr", "heuristic"), ("patr", "judge"), ("tree_random", "heuristic")]
   assert values("tree_grpo_advantage", "learner.advantage") == ["tree_grpo", "tree_inter", "tree_intra"]
   assert values("toolcall_tree_grpo_advantage", "learner.advantage") == [
       "tree_grpo", "tree_inter", "tree_intra"]
-  shapes = {(c.rollout.expand_nodes, c.rollout.expand_iterations)
+  shapes = {(c.rollout.expand_nodes, c.rollout.expand_iterations): c.rollout.keep_leaves
             for c in check_all(sweeps.get("tree_grpo_shape").runs([0]))}
   r = frozenlake.get_config("algo=tree_grpo").rollout
-  assert shapes == ({(n, r.expand_iterations) for n in (1, 2, 4)}
-                    | {(r.expand_nodes, l) for l in (1, 2, 3)})
+  assert set(shapes) == ({(n, r.expand_iterations) for n in (1, 2, 4)}
+                         | {(r.expand_nodes, l) for l in (1, 2, 3)})
+  # the public code's K = 3 random leaves per tree; the 2-leaf tree (N=1, L=1) keeps both
+  assert shapes == {(1, 1): 0, (2, 1): 3, (4, 1): 3, (2, 2): 3, (2, 3): 3}
   qa = check_all(sweeps.get("toolcall_patr_scorer").runs([0]))
   assert {c.env.name for c in qa} == {"toolcall"} and {c.rollout.score_every for c in qa} == {2}
+
+
+def test_frozenlake_methods_plan_equal_budgets():
+  assert frozenlake.get_config("algo=grpo").rollout.group_size == 8   # PATR's GRPO baseline
+  runs = sweeps.get("frozenlake_methods").runs([0])
+  configs = {run.entry: c for run, c in zip(runs, check_all(runs))}
+  one = lambda r: r.max_turns * r.max_tokens_per_turn  # noqa: E731 - generated tokens of one trajectory
+
+  def planned(r):   # trajectories' worth: an expansion costs the rest of the episode
+    if r.method == "chain":
+      return r.group_size
+    if r.method == "tree_grpo":       # expansions start half-way down on average
+      return r.num_trees * (1 + r.expand_iterations * r.expand_nodes / 2)
+    rounds = range(r.score_every, r.max_turns, r.score_every)
+    extra = sum(r.expand_top_k * (r.expand_children - 1) * (1 - t / r.max_turns) for t in rounds)
+    assert r.initial_branches + r.expand_top_k * (r.expand_children - 1) * len(rounds) <= r.max_branches
+    return r.initial_branches + extra
+
+  costs = {e: planned(c.rollout) for e, c in configs.items()}
+  assert costs == {"grpo": 8, "tree_grpo": 8, "tree_random": 8, "patr": 8}
+  assert {c.rollout.method for c in configs.values()} == {"chain", "tree_grpo", "tree_random", "patr"}
+  for c in configs.values():          # and each is capped at that budget
+    assert (c.rollout.budget, c.rollout.budget_unit) == (8 * one(c.rollout), "generated")
+  assert configs["grpo"].rollout.group_size == 8 and configs["tree_grpo"].rollout.keep_leaves == 3
+  assert (configs["patr"].rollout.expand_children, configs["patr"].rollout.score_every) == (2, 5)
 
 
 @pytest.mark.parametrize("name,module", [("budget_curve", frozenlake), ("toolcall_budget_curve", toolcall)])
@@ -210,7 +239,7 @@ def test_registry_get_unknown_and_register():
 # ------------------------------------------------------------------- parity with the trainer
 
 def test_train_builds_the_same_config_from_the_printed_arguments():
-  for name, entry in (("patr_ablation", "best_only"), ("budget_curve", "tree_grpo_b16")):
+  for name, entry in (("patr_ablation", "best_n"), ("budget_curve", "tree_grpo_b16")):
     run = sweeps.get(name).run(entry, 2)
     proc = subprocess.run([sys.executable, "-m", "experiments.train", *run.train_args("runs/sweeps"),
                            "--print_config"], capture_output=True, text=True, cwd=REPO, timeout=120)

@@ -63,3 +63,26 @@ def test_sampler_knobs_reach_the_engine():
   tok = BuiltinTokenizer()
   engine = build.make_engine(c, FrozenLake("rllm_small", tokenizer=tok), tok)
   assert (engine.max_shared_pages, engine.attention) == (12, "cascade")
+
+
+def test_tree_grpo_keeps_three_leaves_and_refuses_smaller_trees():
+  c = base_config()
+  c.rollout.method = "tree_grpo"
+  assert c.rollout.keep_leaves == 3 and build.make_method(c).keep_k == 3   # the public code's K
+  for n, l in ((1, 1), (2, 0)):   # 1 + L*N = 2 and 1 leaves per tree
+    c.rollout.expand_nodes, c.rollout.expand_iterations = n, l
+    with pytest.raises(ValueError, match=rf"config\.rollout\.keep_leaves=3 .* 1 \+ L\*N = {1 + l * n}"):
+      build.validate(c)
+    c.rollout.keep_leaves = 0                                   # keep all: allowed
+    build.validate(c)
+    c.rollout.keep_leaves = 3
+  c.rollout.expand_nodes, c.rollout.expand_iterations = 1, 2    # 3 leaves: allowed
+  build.validate(c)
+
+
+@pytest.mark.parametrize("best", [-1, 17])
+def test_patr_keep_best_outside_the_group_is_refused(best):
+  c = base_config()                # max_branches 16
+  c.rollout.keep_best = best
+  with pytest.raises(ValueError, match=f"config.rollout.keep_best={best} must be in"):
+    build.validate(c)

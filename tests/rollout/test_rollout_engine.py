@@ -193,6 +193,59 @@ def test_chain_group_and_patr_pruned_branches_stay_in_group():
                                           t.score[scored & np.isfinite(t.score)])
 
 
+def _best_n_by_hand(t, p, n):
+  """The n leaves of prompt p with the highest Best_n key, walking parents in Python."""
+  def key(i):
+    if t.finished[p, i]:
+      return float(t.ret[p, i])
+    while i >= 0 and np.isnan(t.score[p, i]):
+      i = int(t.parent[p, i])
+    return float(t.score[p, i]) if i >= 0 else -np.inf
+  leaves = [int(i) for i in np.nonzero(t.is_leaf[p])[0]]
+  return set(sorted(leaves, key=lambda i: (-key(i), i))[:n]), {i: key(i) for i in leaves}
+
+
+def test_patr_best_n_keeps_the_n_best_scored_leaves():
+  full, _ = cached("patr")
+  best, _ = cached("patr", keep_best=2)
+  np.testing.assert_array_equal(best.tree.tokens, full.tree.tokens)   # selection only
+  kinds = set()
+  for p in range(P):
+    want, keys = _best_n_by_hand(best.tree, p, 2)
+    got = set(np.asarray(best.leaf[p])[np.asarray(best.valid[p])].tolist())
+    assert len(keys) > 2 and got == want, (p, keys)
+    kinds |= {bool(best.tree.finished[p, i]) for i in keys}
+  assert kinds == {True, False}     # outcome-ranked and score-ranked leaves both met
+
+
+def test_a_task_drawn_twice_gets_two_advantage_groups():
+  from tree_rl import train
+  from tree_rl.learner.from_rollout import advantages, learner_batches
+  env, model, engine, states, box = setup()
+  cfg = rollout_config()
+  tasks, groups = train._prompt_batch(cfg, 1, 0, 2)   # one task: the batch draws it twice
+  assert tasks.tolist() == [0, 0] and groups.tolist() == [0, 1]
+  later = train._prompt_batch(cfg, 3, 2, 4)            # a function of the position (resume)
+  np.testing.assert_array_equal(later[0], train._prompt_order(cfg, 3, 2, 4))
+  assert later[1].tolist() == [2, 3, 4, 5]
+  twice = jax.tree.map(lambda x: jnp.stack([x[1], x[1]]), states)
+  policy = methods.get("chain")(cfg.rollout)
+  out, box[0] = run(engine, policy, box[0], twice, jax.random.key(0),
+                    prompt_ids=jnp.asarray(groups), capacity=CAPACITY)
+  out = jax.device_get(out)
+  r = np.asarray(out.reward)
+  norm = lambda x: (x - x.mean()) / (x.std(ddof=1) + 1e-6)  # noqa: E731
+  per_copy = np.stack([norm(r[0]), norm(r[1])])
+  pooled = norm(r.reshape(-1)).reshape(r.shape)
+  assert not np.allclose(per_copy, pooled)              # the two groupings differ here
+  adv = np.asarray(advantages(cfg, out)).reshape(r.shape)
+  np.testing.assert_allclose(adv, per_copy, atol=1e-5)
+  assert sorted(t.group_id for t in train_trees(out, adv)) == [0, 1]
+  shared = out.replace(tree=out.tree.replace(prompt_id=jnp.asarray(tasks)))   # the old ids
+  with pytest.raises(ValueError, match="repeat"):
+    learner_batches(cfg, shared)
+
+
 def test_budget_mode_stops_new_work():
   free, _ = cached("chain")
   capped, _ = cached("chain", budget=12, budget_unit="generated")

@@ -80,6 +80,35 @@ def test_keep_random_leaves_per_tree():
   np.testing.assert_array_equal(np.array(routing.keep_random_leaves(None, leaf, tree_id, 2, 0)), leaf)
 
 
+def test_keep_three_leaves_per_tree_uniformly():
+  # trees of 5 and 3 leaves (1 + L*N) and one whose expansions the budget stopped (2 leaves)
+  tree_id = jnp.array([0] * 5 + [1] * 3 + [2] * 2 + [0, 1])
+  leaf = jnp.array([1] * 10 + [0, 0], bool)
+  keys = jax.random.split(jax.random.key(0), 3000)
+  kept = np.array(jax.vmap(lambda k: routing.keep_random_leaves(k, leaf, tree_id, 3, 3))(keys))
+  per_tree = np.stack([kept[:, :5].sum(1), kept[:, 5:8].sum(1), kept[:, 8:10].sum(1)], 1)
+  assert (per_tree == [3, 3, 2]).all() and not kept[:, 10:].any()
+  np.testing.assert_allclose(kept[:, :5].mean(0), 3 / 5, atol=0.04)   # each leaf equally likely
+
+
+def test_last_score_on_the_path_and_best_n_ties():
+  nan = np.nan
+  # 0 root; 1 scored 0.25 -> 2 -> 3 (unscored); 1 -> 4 scored 0.75 -> 5; 6 a root-level leaf never scored
+  score = jnp.array([nan, 0.25, nan, nan, 0.75, nan, nan])
+  parent = jnp.array([-1, 0, 1, 2, 1, 4, 0])
+  np.testing.assert_array_equal(np.array(routing.last_scores(score, parent)),
+                                [nan, 0.25, 0.25, 0.25, 0.75, 0.75, nan])
+  finished = jnp.array([0, 0, 0, 1, 0, 0, 0], bool)
+  ret = jnp.array([0, 0, 0, 1.0, 0, 0, 0])
+  rank = np.array(routing.best_leaf_score(score, parent, finished, ret))
+  np.testing.assert_array_equal(rank[[3, 5, 6]], [1.0, 0.75, -np.inf])  # outcome, last score, none
+  cand = jnp.array([0, 0, 1, 1, 1, 1, 1], bool)
+  tied = jnp.array([9.0, 9.0, 0.5, 0.7, 0.5, 0.5, -jnp.inf])
+  best = lambda n: np.nonzero(np.array(routing.keep_best_leaves(tied, cand, n)))[0].tolist()  # noqa: E731
+  assert best(1) == [3] and best(2) == [2, 3] and best(3) == [2, 3, 4]   # ties: lower index
+  assert best(5) == [2, 3, 4, 5, 6] and best(9) == [2, 3, 4, 5, 6]      # non-candidates never
+
+
 def test_expand_plan_repeats_parents_in_order():
   slots, dropped = routing.expand_plan(jnp.array([5, 7, 9]), jnp.array([2, 0, 3]), 6)
   np.testing.assert_array_equal(np.array(slots), [5, 5, 9, 9, 9, -1])

@@ -97,5 +97,12 @@ def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
 
 
 def learner_batches(config, out, row_multiple: int = 1) -> list:
-  """A rollout's learner batches: advantages, training trees, bucketed batches."""
+  """A rollout's learner batches: advantages, training trees, bucketed batches.
+
+  Every prompt of the rollout is its own group, so its `prompt_id`s must be distinct (a task
+  drawn twice gets two ids: `train._prompt_batch`)."""
+  ids = np.asarray(out.tree.prompt_id)
+  if len(np.unique(ids)) < len(ids):
+    raise ValueError(f"rollout prompt ids {ids.tolist()} repeat: the copies would share one "
+                     "advantage group; give every prompt of a batch its own id")
   return make_batches(config, train_trees(out, advantages(config, out)), row_multiple)

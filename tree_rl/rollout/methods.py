@@ -5,10 +5,13 @@ A rollout method (the branching rule, not the LM policy) chooses, at every turn 
 
 - `chain`:       G children of the root, each continued alone (GRPO/RLOO's group);
 - `tree_grpo`:   M chains (one per tree), then L rounds of N expansion points per tree drawn
-                 among the root and non-leaf nodes, each run to the end of the episode;
+                 among the root and non-leaf nodes, each run to the end of the episode; K
+                 random leaves per tree enter the group (`keep_leaves`, the public code's
+                 `sample_leaf(k)`; 0 keeps all);
 - `patr`:        B0 children of the root; every K turns the frontier is scored and routed
                  (expand top-k into M children / survive / prune), the repeated-action rule
-                 at every turn; pruned branches stay in the group (or are dropped);
+                 at every turn; pruned branches stay in the group (or are dropped), or only
+                 the n best-scored leaves do (`keep_best`, the paper's Best_n ablation);
 - `tree_random`: `patr` with the `random` scorer.
 
 Register a new method with `@register("name")` on a `factory(rcfg) -> RolloutMethod`.
@@ -132,6 +135,7 @@ class PATR(RolloutMethod):
   prune_alpha: float = 0.5
   prune_repeat: int = 6
   keep_pruned: bool = True
+  keep_best: int = 0
   max_branches: int = 16
 
   def capacity(self, max_turns):
@@ -158,7 +162,13 @@ class PATR(RolloutMethod):
     return parents, started.astype(jnp.int32), route.prune
 
   def keep_leaves(self, tree, key):
-    return tree.is_leaf & (~tree.pruned if not self.keep_pruned else True)
+    """The group: every leaf, less the pruned ones unless `keep_pruned`; with `keep_best` = n,
+    only the n best of those by `routing.best_leaf_score` (the paper's Best_n)."""
+    keep = tree.is_leaf & (~tree.pruned if not self.keep_pruned else True)
+    if self.keep_best:
+      rank = jax.vmap(routing.best_leaf_score)(tree.score, tree.parent, tree.finished, tree.ret)
+      keep = jax.vmap(lambda r, c: routing.keep_best_leaves(r, c, self.keep_best))(rank, keep)
+    return keep
 
 
 Factory = Callable[[Any], RolloutMethod]
@@ -186,10 +196,16 @@ def make_tree_grpo(rc) -> RolloutMethod:
   _positive(rc, "num_trees", "expand_nodes")
   if int(rc.expand_iterations) < 0 or int(rc.keep_leaves) < 0:
     raise ValueError("config.rollout.expand_iterations and keep_leaves must be >= 0")
-  m, n = int(rc.num_trees), int(rc.expand_nodes)
+  m, n, k = int(rc.num_trees), int(rc.expand_nodes), int(rc.keep_leaves)
+  per_tree = 1 + int(rc.expand_iterations) * n
+  if k > per_tree:   # the public code asserts every tree has at least K leaves
+    raise ValueError(
+        f"config.rollout.keep_leaves={k} random leaves per tree, but a tree of expand_nodes={n} "
+        f"x expand_iterations={rc.expand_iterations} has 1 + L*N = {per_tree} leaves: set "
+        f"keep_leaves <= {per_tree} (0 keeps all) or grow expand_nodes / expand_iterations")
   return TreeGRPO(name="tree_grpo", num_trees=m, slots=max(m, m * n), keep_contexts=True,
                   expand_nodes=n, expand_iterations=int(rc.expand_iterations),
-                  keep_k=int(rc.keep_leaves))
+                  keep_k=k)
 
 
 def _patr(rc, name, scorer=None) -> RolloutMethod:
@@ -199,11 +215,15 @@ def _patr(rc, name, scorer=None) -> RolloutMethod:
                      f"config.rollout.max_branches={rc.max_branches}")
   if int(rc.expand_top_k) < 0:
     raise ValueError(f"config.rollout.expand_top_k must be >= 0, got {rc.expand_top_k}")
+  if not 0 <= int(rc.keep_best) <= int(rc.max_branches):
+    raise ValueError(f"config.rollout.keep_best={rc.keep_best} must be in [0, max_branches="
+                     f"{rc.max_branches}] (the most leaves a group can have; 0 keeps all)")
   return PATR(name=name, num_trees=1, slots=int(rc.max_branches), keep_contexts=False,
               score_every=int(rc.score_every), scorer_override=scorer,
               initial_branches=int(rc.initial_branches), expand_children=int(rc.expand_children),
               expand_top_k=int(rc.expand_top_k), prune_alpha=float(rc.prune_alpha),
               prune_repeat=int(rc.prune_repeat), keep_pruned=bool(rc.keep_pruned),
+              keep_best=int(rc.keep_best),
               max_branches=int(rc.max_branches))
 
 

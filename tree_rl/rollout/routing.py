@@ -86,9 +86,11 @@ def tree_grpo_pick(key: jax.Array, candidate: jax.Array, tree_id: jax.Array, num
 
 def keep_random_leaves(key: jax.Array, is_leaf: jax.Array, tree_id: jax.Array, num_trees: int,
                        keep: int) -> jax.Array:
-  """Tree-GRPO's optional subsampling: `keep` leaves per tree drawn without replacement.
+  """Tree-GRPO's K-leaf subsampling: `keep` leaves per tree drawn uniformly without replacement.
 
-  Returns bool [N]: the kept leaves (all leaves of a tree with at most `keep`).
+  A tree has 1 + L*N leaves (configs with fewer than `keep` are refused), unless the budget
+  mode stopped its expansions early: such a tree keeps all of its leaves (the public code
+  asserts instead). Returns bool [N]: the kept leaves; `keep <= 0` keeps every leaf.
   """
   if keep <= 0:
     return is_leaf
@@ -100,6 +102,37 @@ def keep_random_leaves(key: jax.Array, is_leaf: jax.Array, tree_id: jax.Array, n
     rank = jnp.argsort(jnp.argsort(pri))
     out = out | (mine & (rank < keep))
   return out
+
+
+def last_scores(score: jax.Array, parent: jax.Array) -> jax.Array:
+  """Per node of one prompt, the last process score on its root..node path: its own score when
+  it was scored, else its deepest scored ancestor's; NaN when nothing on the path was scored.
+
+  score float [N] (NaN = never scored), parent int [N] (-1 for roots and empty slots).
+  """
+  n = score.shape[0]
+  ptr = jnp.where(jnp.isnan(score) & (parent >= 0), parent, jnp.arange(n))
+  for _ in range(max(n - 1, 1).bit_length()):   # pointer jumping: 2^k >= the deepest path
+    ptr = ptr[ptr]
+  return score[ptr]
+
+
+def best_leaf_score(score: jax.Array, parent: jax.Array, finished: jax.Array,
+                    ret: jax.Array) -> jax.Array:
+  """What PATR's Best_n ranks leaves by: a finished episode by its outcome (its return, what a
+  process score estimates), an unfinished leaf (pruned, or stopped by the turn limit or the
+  budget) by the last process score on its path; -inf when its path was never scored."""
+  last = last_scores(score, parent)
+  return jnp.where(finished, ret, jnp.where(jnp.isnan(last), -jnp.inf, last))
+
+
+def keep_best_leaves(rank_score: jax.Array, candidate: jax.Array, n: int) -> jax.Array:
+  """bool [N]: the `n` candidates of one prompt with the highest `rank_score` (ties to the
+  lower node index, i.e. the earlier created); every candidate when there are at most `n`."""
+  s = rank_score.shape[0]
+  order = jnp.lexsort((jnp.arange(s), -rank_score, (~candidate).astype(jnp.int32)))
+  rank = jnp.zeros((s,), jnp.int32).at[order].set(jnp.arange(s, dtype=jnp.int32))
+  return candidate & (rank < n)
 
 
 def expand_plan(parents: jax.Array, multiplicity: jax.Array, capacity: int

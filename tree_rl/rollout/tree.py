@@ -44,7 +44,7 @@ class Tree:
   num_children: jax.Array  # int32 [P, N]
   env_state: Any           # env state pytree with leading [P, N]: the state after this node's step
   size: jax.Array          # int32 [P] node slots used per prompt
-  prompt_id: jax.Array     # int32 [P] caller's id of each prompt (e.g. dataset index)
+  prompt_id: jax.Array     # int32 [P] caller's id of each prompt, its advantage group (distinct per batch)
 
   @property
   def num_prompts(self) -> int:
