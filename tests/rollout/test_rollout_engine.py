@@ -213,9 +213,9 @@ def test_budget_caps_starts_and_never_cuts_a_training_leaf(method):
   for unit, limit in (("env_steps", 7), ("generated", 27)):   # 7/3 and 1.5 trajectories
     out, _ = cached(method, budget=limit, budget_unit=unit, **extra)
     spent, valid, complete = spent_and_leaves(out, unit)
-    assert (spent <= limit).all(), (unit, spent)
     # every training leaf ended by the episode, the turn limit or pruning: none was cut
     assert valid.any() and complete[valid].all(), unit
+    assert (spent <= limit).all(), (unit, spent)
     assert out.stats["budget_cut"] == 0
     assert out.stats["cost_per_prompt"] == pytest.approx(spent.mean())
   # Where costs are exact (map 0, env steps), the cap stops only when no requested branch fits:
