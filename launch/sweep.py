@@ -10,7 +10,8 @@ run the commands here, on a TPU pod slice, or through Slurm.
   launch/sweep.py patr_ablation --target slurm            # each run: sbatch launch/slurm_gpu.sh
 
 Run `r` of sweep `S` writes to WORKDIR_ROOT/S/r (r = ENTRY_seedN). Every run's config is built
-with the flags `experiments.train` parses and validated (names, budgets, the KV page pool)
+with the flags `experiments.train` parses and validated (names, budgets, the KV page pool, and
+for equal-budget sweeps planned costs within 10% across the compared entries, `--set`s included)
 before anything runs or prints; a bad override fails with one line naming the run and field.
 Commands run from the repository root, so relative paths are relative to it.
 """
@@ -34,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 try:
   importlib.import_module("tree_rl.validation")   # the project's dependencies are importable
   from experiments import sweeps
-  from experiments.sweeps.build import SweepError, check_all
+  from experiments.sweeps.build import SweepError, check_all, check_equal_budget
   from experiments.sweeps.core import Run
 except ModuleNotFoundError as e:
   sys.exit(f"error: {e}: run with the project's interpreter, e.g. .venv/bin/python launch/sweep.py ...")
@@ -193,7 +194,8 @@ def main(argv=None) -> int:
       list_sweeps()
       return 0
     runs = select_runs(args)
-    check_all(runs, args.workdir_root)
+    configs = check_all(runs, args.workdir_root)
+    check_equal_budget(sweeps.get(args.name), {r.entry: c for r, c in zip(runs, configs)})
     args.devices_list = local_devices(args) if args.per_accelerator else []
   except (KeyError, SweepError) as e:
     message = e.args[0] if isinstance(e, KeyError) and e.args else e

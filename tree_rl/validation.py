@@ -79,7 +79,8 @@ def validate(config, *, engine=None, layout=None) -> None:
     calls = int(config.env.max_calls) if "max_calls" in envs.entry(config.env.name).config_fields else None
     one = trajectory_cost(r.budget_unit, max_turns=int(r.max_turns),
                           max_tokens_per_turn=int(r.max_tokens_per_turn), max_calls=calls,
-                          max_context=None if engine is None else engine.max_context())
+                          prompt_tokens=None if engine is None else engine.prompt_capacity,
+                          obs_tokens=None if engine is None else engine.obs_capacity)
     _check(one is None or int(r.budget) >= one,
            f"config.rollout.budget={r.budget} {r.budget_unit} per prompt is less than one "
            f"trajectory can take ({one}: config.rollout.max_turns={r.max_turns}, "

@@ -7,7 +7,10 @@ Each run directory `METHOD_seedS` holds `config.json`, `metrics.jsonl` and `summ
 rollout budget of a step is the tokens its rollout computed per prompt (generated + prefilled);
 the x axis of the budget plots is that budget summed over the steps so far (the warm start is
 not counted). Curves are the mean over seeds, shaded by min..max; the paper's claims are checked
-on those means by linear interpolation at equal budget.
+on those means by linear interpolation at equal budget. The table also shows each method's
+planned rollout cost per prompt (from its config, `tree_rl.rollout.budget.planned_cost`) beside
+the cost it spent (`rollout/cost_per_prompt/<unit>`, mean over steps), in the run's
+`rollout.budget_unit`; the report also reads a `budget_curve` sweep (runs `METHOD_bK_seedS`).
 """
 
 from __future__ import annotations
@@ -40,8 +43,26 @@ def load_run(directory: str, seed: int = 0) -> dict:
     spent[r["step"]] = spent[max(spent)] + step_budget[r["step"]]
   evals = {k: [(spent[r["step"]], r[k]) for r in rows if k in r and r["step"] in spent] for k in EVALS}
   train = [(r["step"], r["rollout/success_rate"]) for r in rows if "rollout/success_rate" in r]
+  unit = config["rollout"].get("budget_unit", "generated")
+  per_prompt = [r[f"rollout/cost_per_prompt/{unit}"] for r in rows
+                if f"rollout/cost_per_prompt/{unit}" in r]
   return dict(evals=evals, train=train, budget_per_step=float(np.mean(list(step_budget.values()))),
-              steps=max(spent), seed=seed)
+              steps=max(spent), seed=seed, unit=unit, planned=planned(config, unit),
+              spent=float(np.mean(per_prompt)) if per_prompt else float("nan"))
+
+
+def planned(config: dict, unit: str) -> float:
+  """The run's planned rollout cost per prompt (`tree_rl.rollout.budget.planned_cost`); NaN when
+  the logged config lacks the fields (or the unit needs the engine's capacities)."""
+  import types
+  from tree_rl.rollout.budget import planned_cost
+  r = config["rollout"]
+  caps = {"max_calls": config["env"]["max_calls"]} if "max_calls" in config.get("env", {}) else {}
+  try:
+    cost = planned_cost(types.SimpleNamespace(**r), unit, **caps)
+  except (AttributeError, KeyError, ValueError):
+    return float("nan")
+  return float("nan") if cost is None else float(cost)
 
 
 def load_sweep(root: str) -> dict:
@@ -144,9 +165,10 @@ def claims(runs: dict, key: str) -> list[str]:
 
 
 def table(runs: dict) -> list[str]:
-  lines = ["| method | seeds | steps | tokens / prompt / step | greedy before | greedy after | "
+  lines = ["| method | seeds | steps | tokens / prompt / step | planned / prompt / step | "
+           "spent / prompt / step | greedy before | greedy after | "
            "greedy gain | sampled before | sampled after | sampled gain |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for method, rs in runs.items():
     cells = []
     for key in EVALS:
@@ -156,7 +178,9 @@ def table(runs: dict) -> list[str]:
       cells += [f"{np.mean(before):.3f} ± {np.std(before):.3f}", f"{np.mean(after):.3f} ± {np.std(after):.3f}",
                 f"{np.mean(gain):+.3f} ± {np.std(gain):.3f}"]
     lines.append(f"| {LABELS.get(method, method)} | {sorted(r['seed'] for r in rs)} | {rs[0]['steps']} | "
-                 f"{np.mean([r['budget_per_step'] for r in rs]):,.0f} | " + " | ".join(cells) + " |")
+                 f"{np.mean([r['budget_per_step'] for r in rs]):,.0f} | "
+                 f"{np.mean([r['planned'] for r in rs]):,.0f} {rs[0]['unit']} | "
+                 f"{np.mean([r['spent'] for r in rs]):,.0f} {rs[0]['unit']} | " + " | ".join(cells) + " |")
   return lines
 
 

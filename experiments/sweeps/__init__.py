@@ -1,7 +1,9 @@
 """Named sweeps reproducing the papers' ablations: `names()`, `get(name)`, `register(name, fn)`.
 
-`get` builds the sweep (its factory reads the base configs) and raises `sampler.num_pages` in
-entries whose rollout needs more KV pages than their config has (see `build.fit_pages`).
+`get` builds the sweep (its factory reads the base configs), refuses one whose `equal_budget`
+entries differ by more than 10% in planned cost (`build.check_equal_budget`), and raises
+`sampler.num_pages` in entries whose rollout needs more KV pages than their config has (see
+`build.fit_pages`).
 `launch/sweep.py NAME` expands a sweep into one `experiments.train` command per run.
 """
 
@@ -31,10 +33,11 @@ def get(name: str) -> Sweep:
   if name not in _FACTORIES:
     raise KeyError(f"unknown sweep {name!r}; known: {names()}")
   if name not in _BUILT:
-    from experiments.sweeps.build import fit_pages
+    from experiments.sweeps.build import check_equal_budget, fit_pages
     sweep = _FACTORIES[name]()
     if sweep.name != name:
       raise ValueError(f"sweep registered as {name!r} is named {sweep.name!r}")
+    check_equal_budget(sweep)
     _BUILT[name] = fit_pages(sweep)
   return _BUILT[name]
 

@@ -2,40 +2,108 @@
 16 trajectories' worth of generated tokens (one trajectory's worth = max_turns x
 max_tokens_per_turn of the base config).
 
-Every run caps `rollout.budget` (unit `generated`) at k trajectories' worth; the shapes give each
-method room to spend it: chain GRPO samples k trajectories; Tree-GRPO grows max(1, k/2) trees
-with N=2 expansions in L=1 round (about 2 trajectories' worth per tree, expansions start
-mid-episode); PATR and Tree-Random start min(B0, k) branches with room for 2k.
+Every run caps `rollout.budget` (unit `generated`) at k trajectories' worth (`tree_rl.rollout.
+budget`: branches start only while their worst case fits; nothing is cut), and each method's
+shape plans to spend it (`method_shapes`; planned cost = `budget.planned_trajectories`, checked
+within 10% across the methods of a budget by `build.check_equal_budget`): chain GRPO samples k
+chains; Tree-GRPO grows M trees with its N expansions per tree (L rounds) so that
+M * (1 + L*N/2) = k; PATR and Tree-Random raise their initial branches B0 and top-k with the
+budget (M children and the scoring interval K of the base config; M + 1 only where no M shape
+lands within 10%) and get exactly the branch cap their schedule starts.
 """
 
-from experiments.sweeps.build import base_values, one_trajectory_tokens
+import functools
+import itertools
+import types
+
+from experiments.sweeps.build import load_config, one_trajectory_tokens
 from experiments.sweeps.core import CONFIG_KEY, Sweep
+from tree_rl.rollout.budget import patr_schedule, planned_trajectories
 
 BUDGETS = (2, 4, 8, 16)
+ALGOS = ("grpo", "tree_grpo", "patr", "tree_random")
+TOLERANCE = 0.10
 
 
-def budget_entries(path: str, budgets=BUDGETS) -> dict:
+@functools.lru_cache(maxsize=None)
+def _base_rollout(path: str, algo: str) -> dict:
+  r = load_config(f"{path}:algo={algo}").rollout
+  return {k: r[k] for k in r}
+
+
+def _rollout(path: str, algo: str, overrides: dict):
+  """The base config's `rollout` fields with `overrides` ("rollout.x" keys) applied."""
+  fields = dict(_base_rollout(path, algo))
+  fields.update({k.removeprefix("rollout."): v for k, v in overrides.items()})
+  return types.SimpleNamespace(**fields)
+
+
+def _best(path: str, algo: str, k: int, candidates, penalty):
+  """The candidate whose planned trajectories are nearest k (then the smallest penalty)."""
+  def key(c):
+    err = abs(planned_trajectories(_rollout(path, algo, c)) - k) / k
+    return (round(err, 9), penalty(c))
+  best = min(candidates, key=key)
+  if key(best)[0] > TOLERANCE:
+    raise ValueError(f"no {algo} shape of {path} plans {k} trajectories within 10%")
+  return best
+
+
+def _tree_grpo(path: str, k: int) -> dict:
+  r = _rollout(path, "tree_grpo", {})
+  cands = [{"rollout.num_trees": m, "rollout.expand_nodes": n,
+            "rollout.expand_iterations": int(r.expand_iterations)}
+           for m in range(1, k + 1) for n in range(1, 5)]
+  return _best(path, "tree_grpo", k, cands,
+               lambda c: (c["rollout.expand_nodes"] != int(r.expand_nodes),))
+
+
+def _patr(path: str, algo: str, k: int, extra: dict) -> dict:
+  r = _rollout(path, algo, extra)
+  cands = []
+  for m, b0, top in itertools.product((int(r.expand_children), int(r.expand_children) + 1),
+                                      range(1, k + 1), range(1, k + 1)):
+    c = {**extra, "rollout.initial_branches": b0, "rollout.expand_children": m,
+         "rollout.expand_top_k": top, "rollout.max_branches": 64 * k}
+    c["rollout.max_branches"] = patr_schedule(_rollout(path, algo, c))[1]
+    cands.append(c)
+  # prefer the base M, then the most branches started by expansions, then the smallest top-k
+  return _best(path, algo, k, cands, lambda c: (
+      c["rollout.expand_children"] != int(r.expand_children),
+      c["rollout.initial_branches"] - c["rollout.max_branches"], c["rollout.expand_top_k"]))
+
+
+def method_shapes(path: str, k: int, patr_extra: dict | None = None) -> dict:
+  """{algo: overrides} giving each method a rollout that plans k trajectories per prompt."""
+  extra = dict(patr_extra or {})
+  return {"grpo": {"rollout.group_size": k}, "tree_grpo": _tree_grpo(path, k),
+          "patr": _patr(path, "patr", k, extra), "tree_random": _patr(path, "tree_random", k, extra)}
+
+
+def budget_entries(path: str, budgets=BUDGETS, patr_extra: dict | None = None) -> dict:
   one = one_trajectory_tokens(f"{path}:algo=grpo")
-  b0 = base_values(f"{path}:algo=patr", ["rollout.initial_branches"])["rollout.initial_branches"]
-  cap = lambda k: {"rollout.budget": k * one, "rollout.budget_unit": "generated"}
-  shapes = {
-      "grpo": lambda k: {"rollout.group_size": k},
-      "tree_grpo": lambda k: {"rollout.num_trees": max(1, k // 2), "rollout.expand_nodes": 2,
-                              "rollout.expand_iterations": 1},
-      "patr": lambda k: {"rollout.initial_branches": min(b0, k), "rollout.max_branches": 2 * k},
-      "tree_random": lambda k: {"rollout.initial_branches": min(b0, k), "rollout.max_branches": 2 * k},
-  }
-  return {f"{algo}_b{k}": {CONFIG_KEY: f"{path}:algo={algo}", **shape(k), **cap(k)}
-          for algo, shape in shapes.items() for k in budgets}
+  cap = lambda k: {"rollout.budget": k * one, "rollout.budget_unit": "generated"}  # noqa: E731
+  out = {}
+  for k in budgets:
+    for algo, shape in method_shapes(path, k, patr_extra).items():
+      out[f"{algo}_b{k}"] = {CONFIG_KEY: f"{path}:algo={algo}", **shape, **cap(k)}
+  return out
 
 
-def _curve(name: str, path: str, what: str):
-  return lambda: Sweep(name, f"{path}:algo=grpo", budget_entries(path),
+def equal_budget_groups(budgets=BUDGETS) -> tuple:
+  return tuple(tuple(f"{a}_b{k}" for a in ALGOS) for k in budgets)
+
+
+def _curve(name: str, path: str, what: str, patr_extra: dict | None = None):
+  return lambda: Sweep(name, f"{path}:algo=grpo", budget_entries(path, patr_extra=patr_extra),
+                       equal_budget=equal_budget_groups(),
                        description=f"{what}: chain GRPO vs Tree-GRPO / PATR / Tree-Random at "
                                    f"budgets of {', '.join(map(str, BUDGETS))} trajectories")
 
 
 SWEEPS = {
     "budget_curve": _curve("budget_curve", "configs/frozenlake.py", "FrozenLake"),
-    "toolcall_budget_curve": _curve("toolcall_budget_curve", "configs/toolcall.py", "tool-call QA"),
+    # 6-turn QA episodes: score every 2 turns so routing happens more than once.
+    "toolcall_budget_curve": _curve("toolcall_budget_curve", "configs/toolcall.py",
+                                    "tool-call QA", {"rollout.score_every": 2}),
 }

@@ -177,6 +177,45 @@ def check_all(runs: Iterable[Run], root: str = "runs/sweeps") -> list:
   return [check(r, root) for r in runs]
 
 
+EQUAL_BUDGET_TOLERANCE = 0.10
+
+
+def planned_cost(config, unit: str) -> float | None:
+  """Planned rollout cost per prompt of a built config in `unit` (`tree_rl.rollout.budget`)."""
+  from tree_rl import envs
+  from tree_rl.rollout.budget import planned_cost as planned
+
+  caps = {}
+  if "max_calls" in envs.entry(config.env.name).config_fields:
+    caps["max_calls"] = int(config.env.max_calls)
+  if unit == "computed" and config.model.preset != "hf":
+    engine, _ = _engine_parts(config)
+    caps.update(prompt_tokens=engine.prompt_capacity, obs_tokens=engine.obs_capacity)
+  return planned(config.rollout, unit, **caps)
+
+
+def check_equal_budget(sweep: Sweep, configs: dict | None = None) -> dict:
+  """Fail (one line naming the entries) when the entries of an `equal_budget` group differ by
+  more than 10% in planned cost per prompt, in the first entry's `rollout.budget_unit`.
+  configs: {entry: built config} to check (default: build every grouped entry, first seed);
+  entries missing from it are skipped. Returns {entry: planned cost}."""
+  costs = {}
+  for group in sweep.equal_budget:
+    built = {e: (configs[e] if configs is not None else build(sweep.run(e, sweep.seeds[0])))
+             for e in group if configs is None or e in configs}
+    if not built:
+      continue
+    unit = next(iter(built.values())).rollout.budget_unit
+    plan = {e: planned_cost(c, unit) for e, c in built.items()}
+    known = {e: v for e, v in plan.items() if v is not None}
+    costs.update(known)
+    if known and max(known.values()) > (1 + EQUAL_BUDGET_TOLERANCE) * min(known.values()):
+      listed = ", ".join(f"{e}={v:,.0f}" for e, v in known.items())
+      raise SweepError(f"{sweep.name}: equal-budget entries differ by more than "
+                       f"{EQUAL_BUDGET_TOLERANCE:.0%} in planned cost ({unit} per prompt): {listed}")
+  return costs
+
+
 def fit_pages(sweep: Sweep) -> Sweep:
   """Raise `sampler.num_pages` (rounded up to PAGE_ROUNDING) in the entries whose rollout needs
   more KV pages than their config has; the others are left as they are."""
@@ -192,5 +231,5 @@ def fit_pages(sweep: Sweep) -> Sweep:
   return sweep.replace(entries=entries)
 
 
-__all__ = ["SweepError", "base_values", "build", "check", "check_all", "fit_pages",
-           "load_config", "one_trajectory_tokens", "pages_needed"]
+__all__ = ["SweepError", "base_values", "build", "check", "check_all", "check_equal_budget",
+           "fit_pages", "load_config", "one_trajectory_tokens", "pages_needed", "planned_cost"]

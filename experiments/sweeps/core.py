@@ -56,7 +56,8 @@ class Run:
 @dataclasses.dataclass(frozen=True)
 class Sweep:
   """`entries` maps entry names to override dicts; `overrides` apply to every entry first
-  (an entry's own value wins)."""
+  (an entry's own value wins). `equal_budget`: groups of entries compared at an equal budget,
+  whose planned costs must agree within 10% (`build.check_equal_budget`)."""
 
   name: str
   config: str
@@ -64,6 +65,7 @@ class Sweep:
   seeds: tuple[int, ...] = DEFAULT_SEEDS
   overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   description: str = ""
+  equal_budget: tuple[tuple[str, ...], ...] = ()
 
   def __post_init__(self):
     for n in (self.name, *self.entries):
@@ -71,6 +73,10 @@ class Sweep:
         raise ValueError(f"sweep/entry name {n!r}: use letters, digits, '_', '.', '-'")
     if not self.entries:
       raise ValueError(f"sweep {self.name!r} has no entries")
+    for group in self.equal_budget:
+      unknown = [e for e in group if e not in self.entries]
+      if unknown:
+        raise ValueError(f"sweep {self.name!r}: equal_budget names unknown entries {unknown}")
     for n, e in self.entries.items():
       for key, value in {**self.overrides, **e}.items():
         if key == "seed":

@@ -9,7 +9,8 @@ import pytest
 
 from configs import frozenlake, toolcall
 from experiments import sweeps
-from experiments.sweeps.build import SweepError, build, check, check_all, pages_needed
+from experiments.sweeps.build import (SweepError, build, check, check_all, check_equal_budget,
+                                     pages_needed)
 from experiments.sweeps.core import Sweep, axis, one_at_a_time
 from launch_helpers import REPO
 from tree_rl.validation import validate
@@ -138,31 +139,6 @@ def test_single_axis_sweeps_cover_the_papers_values():
   assert {c.env.name for c in qa} == {"toolcall"} and {c.rollout.score_every for c in qa} == {2}
 
 
-def test_frozenlake_methods_plan_equal_budgets():
-  assert frozenlake.get_config("algo=grpo").rollout.group_size == 8   # PATR's GRPO baseline
-  runs = sweeps.get("frozenlake_methods").runs([0])
-  configs = {run.entry: c for run, c in zip(runs, check_all(runs))}
-  one = lambda r: r.max_turns * r.max_tokens_per_turn  # noqa: E731 - generated tokens of one trajectory
-
-  def planned(r):   # trajectories' worth: an expansion costs the rest of the episode
-    if r.method == "chain":
-      return r.group_size
-    if r.method == "tree_grpo":       # expansions start half-way down on average
-      return r.num_trees * (1 + r.expand_iterations * r.expand_nodes / 2)
-    rounds = range(r.score_every, r.max_turns, r.score_every)
-    extra = sum(r.expand_top_k * (r.expand_children - 1) * (1 - t / r.max_turns) for t in rounds)
-    assert r.initial_branches + r.expand_top_k * (r.expand_children - 1) * len(rounds) <= r.max_branches
-    return r.initial_branches + extra
-
-  costs = {e: planned(c.rollout) for e, c in configs.items()}
-  assert costs == {"grpo": 8, "tree_grpo": 8, "tree_random": 8, "patr": 8}
-  assert {c.rollout.method for c in configs.values()} == {"chain", "tree_grpo", "tree_random", "patr"}
-  for c in configs.values():          # and each is capped at that budget
-    assert (c.rollout.budget, c.rollout.budget_unit) == (8 * one(c.rollout), "generated")
-  assert configs["grpo"].rollout.group_size == 8 and configs["tree_grpo"].rollout.keep_leaves == 3
-  assert (configs["patr"].rollout.expand_children, configs["patr"].rollout.score_every) == (2, 5)
-
-
 @pytest.mark.parametrize("name,module", [("budget_curve", frozenlake), ("toolcall_budget_curve", toolcall)])
 def test_budget_curves_give_every_method_the_same_budget(name, module):
   r = module.get_config("algo=grpo").rollout
@@ -175,14 +151,72 @@ def test_budget_curves_give_every_method_the_same_budget(name, module):
     seen.add((algo, k))
     assert c.rollout.budget == k * one and c.rollout.budget_unit == "generated"
     assert c.rollout.method == {"grpo": "chain"}.get(algo, algo)
+    rc = c.rollout
     if algo == "grpo":
-      assert c.rollout.group_size == k and c.learner.advantage == "grpo"
-    elif algo == "tree_grpo":
-      m = c.rollout.num_trees
-      assert m == max(1, k // 2) and c.rollout.expand_nodes * c.rollout.expand_iterations == 2
-    else:
-      assert c.rollout.max_branches == 2 * k and c.rollout.initial_branches <= k
+      assert rc.group_size == k and c.learner.advantage == "grpo"
+    elif algo == "tree_grpo":   # M * (1 + L*N/2) = k trajectories, the base N and L
+      assert (rc.expand_nodes, rc.expand_iterations) == (2, 1) and rc.num_trees * 2 == k
+    else:   # B0 branches plus the top-k expansions of each scoring round, all alive
+      assert simulated_patr_trajectories(rc) == pytest.approx(k)
   assert seen == {(a, k) for a in ("grpo", "tree_grpo", "patr", "tree_random") for k in (2, 4, 8, 16)}
+  assert sweep.equal_budget == tuple(tuple(f"{a}_b{k}" for a in ("grpo", "tree_grpo", "patr", "tree_random"))
+                                     for k in (2, 4, 8, 16))
+
+
+def simulated_patr_trajectories(rc):
+  """Branch by branch: every branch alive, the top-k of each round at turn K, 2K, ... forks into
+  M, a child started at turn t runs max_turns - t turns (independent of the planner's loop)."""
+  starts = [0] * rc.initial_branches
+  for t in range(rc.score_every, rc.max_turns, rc.score_every):
+    alive = len(starts)
+    for _ in range(min(rc.expand_top_k, alive)):
+      if len(starts) + rc.expand_children - 1 <= rc.max_branches:
+        starts += [t] * (rc.expand_children - 1)
+  return sum(rc.max_turns - t for t in starts) / rc.max_turns
+
+
+@pytest.mark.parametrize("name", ["budget_curve", "toolcall_budget_curve", "frozenlake_methods"])
+def test_shipped_equal_budget_sweeps_plan_equal_costs(name):
+  sweep = sweeps.get(name)   # get refuses an unequal one
+  costs = check_equal_budget(sweep)
+  assert set(costs) == {e for g in sweep.equal_budget for e in g} and sweep.equal_budget
+  for group in sweep.equal_budget:
+    values = [costs[e] for e in group]
+    assert max(values) <= 1.1 * min(values)
+
+
+def test_frozenlake_methods_compare_at_the_chain_group_budget():
+  assert frozenlake.get_config("algo=grpo").rollout.group_size == 8   # PATR's GRPO baseline
+  configs = {r.entry: c for r, c in zip(sweeps.get("frozenlake_methods").runs([0]),
+                                        check_all(sweeps.get("frozenlake_methods").runs([0])))}
+  g = configs["grpo"].rollout.group_size
+  assert g == 8
+  t = configs["tree_grpo"].rollout
+  assert t.num_trees * (1 + t.expand_iterations * t.expand_nodes / 2) == g
+  for algo in ("patr", "tree_random"):
+    assert simulated_patr_trajectories(configs[algo].rollout) == pytest.approx(g)
+
+
+def test_unequal_budget_sweep_is_refused_naming_the_entries():
+  # chain G=4 plans 4 trajectories (640 tokens); PATR's base B0=4 + top-2 at turn 5 of 10 plans 5 (800)
+  sweep = Sweep("uneq", FL, {"chain4": {"config": "configs/frozenlake.py:algo=grpo",
+                                        "rollout.group_size": 4},
+                             "patr_base": {}, "patr3": {"rollout.initial_branches": 3,
+                                                        "rollout.max_branches": 5}},
+                equal_budget=(("chain4", "patr_base", "patr3"),))
+  with pytest.raises(SweepError, match=r"uneq: equal-budget entries differ by more than 10% in planned "
+                                       r"cost \(generated per prompt\): chain4=640, patr_base=800, patr3=640"):
+    check_equal_budget(sweep)
+  sweeps.register("uneq", lambda: sweep)
+  try:
+    with pytest.raises(SweepError, match="chain4=640, patr_base=800"):
+      sweeps.get("uneq")
+  finally:
+    sweeps._FACTORIES.pop("uneq")
+  ok = sweep.replace(equal_budget=(("chain4", "patr3"),))
+  assert check_equal_budget(ok) == {"chain4": 640.0, "patr3": 640.0}
+  with pytest.raises(ValueError, match="unknown entries \\['nope'\\]"):
+    Sweep("s", FL, {"a": {}}, equal_budget=(("a", "nope"),))
 
 
 def test_page_pool_is_raised_only_where_the_rollout_needs_it():

@@ -6,16 +6,18 @@ import os
 from experiments.reports import make_frozenlake_report as report
 
 
-def _write_run(root, name, prompts, steps, evals):
+def _write_run(root, name, prompts, steps, evals, rollout=None, spent=()):
   d = os.path.join(root, name)
   os.makedirs(d)
   with open(os.path.join(d, "config.json"), "w") as f:
-    json.dump({"rollout": {"prompts_per_step": prompts}}, f)
+    json.dump({"rollout": {"prompts_per_step": prompts, **(rollout or {})}}, f)
   with open(os.path.join(d, "metrics.jsonl"), "w") as f:
     f.write(json.dumps({"step": 0, **{k: v for k, v in evals[0].items()}}) + "\n")
     for s, (gen, pre) in enumerate(steps, 1):
       row = {"step": s, "rollout/budget/generated": gen, "rollout/budget/prefilled": pre,
              "rollout/success_rate": 0.1 * s, **evals.get(s, {})}
+      if spent:
+        row["rollout/cost_per_prompt/generated"] = spent[s - 1]
       f.write(json.dumps(row) + "\n")
   with open(os.path.join(d, "summary.json"), "w") as f:
     json.dump({}, f)
@@ -50,3 +52,18 @@ def test_claims_compare_means_at_equal_budget(tmp_path):
   assert "PATR 0.400, Tree-Random 0.200, GRPO 0.100" in lines[0]
   # a quarter of GRPO's 400 tokens = 100, where Tree-GRPO gained 0.3 >= GRPO's final gain 0.2
   assert "+0.300 vs +0.200" in lines[1] and "**holds**" in lines[1]
+
+
+def test_table_shows_planned_and_spent_cost_side_by_side(tmp_path):
+  root = str(tmp_path)
+  base = {"max_turns": 10, "max_tokens_per_turn": 16, "budget_unit": "generated"}
+  _write_run(root, "grpo_seed0", 1, [(40, 60), (40, 60)], _evals(0.1, 0.3),
+             rollout={**base, "method": "chain", "group_size": 4}, spent=(300.0, 340.0))
+  _write_run(root, "patr_seed0", 1, [(40, 60), (40, 60)], _evals(0.1, 0.3),
+             rollout={**base, "method": "patr", "initial_branches": 4, "expand_children": 2,
+                      "score_every": 5, "expand_top_k": 2, "max_branches": 8}, spent=(200.0, 260.0))
+  lines = report.table(report.load_sweep(root))
+  assert "planned / prompt / step | spent / prompt / step" in lines[0]
+  # chain: 4 chains x 160 tokens; PATR: 4 branches + 2 expansions at turn 5 of 10 = 5 x 160
+  assert "| 640 generated | 320 generated |" in lines[2]
+  assert "| 800 generated | 230 generated |" in lines[3]

@@ -86,3 +86,54 @@ def test_patr_keep_best_outside_the_group_is_refused(best):
   c.rollout.keep_best = best
   with pytest.raises(ValueError, match=f"config.rollout.keep_best={best} must be in"):
     build.validate(c)
+
+
+# ------------------------------------------------------------------- planned cost (budgets)
+
+def _rc(**fields):
+  from tree_rl.config import base_config
+  r = base_config().rollout
+  r.max_turns, r.max_tokens_per_turn = 10, 16
+  for k, v in fields.items():
+    r[k] = v
+  return r
+
+
+@pytest.mark.parametrize("fields, trajectories", [
+    (dict(method="chain", group_size=4), 4),
+    # Tree-GRPO: M chains + M*L*N expansions half-way down: 2 * (1 + 2/2) = 4; 3 * (1 + 2*4/2) = 15
+    (dict(method="tree_grpo", num_trees=2, expand_nodes=2, expand_iterations=1), 4),
+    (dict(method="tree_grpo", num_trees=3, expand_nodes=4, expand_iterations=2), 15),
+    # PATR: B0=4, top-2 into 2 at turn 5 of 10 (one round): 4 + 2 * 5/10 = 5
+    (dict(method="patr", initial_branches=4, expand_children=2, score_every=5, expand_top_k=2,
+          max_branches=8), 5),
+    # 6 turns, K=2: rounds at turns 2 and 4; B0=2, top-1 into 3: 2 + 2 * 4/6 + 2 * 2/6 = 4
+    (dict(method="tree_random", max_turns=6, initial_branches=2, expand_children=3, score_every=2,
+          expand_top_k=1, max_branches=7), 4),
+    # the same with room for one more expansion only: 2 + 2 * 4/6 = 3 1/3
+    (dict(method="patr", max_turns=6, initial_branches=2, expand_children=3, score_every=2,
+          expand_top_k=1, max_branches=5), 2 + 4 / 3),
+])
+def test_planned_cost_equals_hand_computation(fields, trajectories):
+  from tree_rl.rollout.budget import planned_cost, planned_trajectories
+  rc = _rc(**fields)
+  assert planned_trajectories(rc) == pytest.approx(trajectories)
+  t, n = rc.max_turns, rc.max_tokens_per_turn
+  assert planned_cost(rc, "generated") == pytest.approx(trajectories * t * n)
+  assert planned_cost(rc, "env_steps") == pytest.approx(trajectories * t)
+  assert planned_cost(rc, "tool_calls", max_calls=3) == pytest.approx(trajectories * min(t, 3))
+  # computed: the prompt, every reply, every observation but the last one's (+1 pending token)
+  assert planned_cost(rc, "computed", prompt_tokens=50, obs_tokens=20) == pytest.approx(
+      trajectories * (50 + t * n + (t - 1) * 21))
+  assert planned_cost(rc, "computed") is None
+
+
+def test_cost_model_remaining_cost_of_a_branch():
+  from tree_rl.rollout.budget import CostModel
+  c = CostModel(max_turns=3, max_tokens_per_turn=6, prompt_tokens=40, obs_tokens=10, max_calls=2)
+  assert [int(c.remaining("generated", d)) for d in (0, 1, 2, 3)] == [18, 12, 6, 0]
+  assert [int(c.remaining("computed", d)) for d in (0, 2)] == [18 + 2 * 11, 6]
+  assert [int(c.remaining("tool_calls", d)) for d in (0, 2)] == [2, 1]
+  assert c.trajectory("computed") == 40 + 18 + 22 and c.trajectory("env_steps") == 3
+  base = CostModel(3, 6, 40, 10, share_prefix=False)   # a fork re-encodes its 25-token context
+  assert int(base.remaining("computed", 1, ctx_len=25, fork=True)) == 12 + 11 + 26

@@ -255,6 +255,68 @@ def test_budget_mode_stops_new_work():
   assert (spent <= 12 + 4 * 6).all()
 
 
+# Budget cap. Map 0 (prompt 0): every branch runs exactly to the turn limit (the hole is three
+# moves away, the goal six), so a branch from a node at depth d takes exactly 3 - d env steps.
+NO_PRUNE = dict(prune_repeat=0, prune_alpha=100.0)
+
+
+def spent_and_leaves(out, unit):
+  t = out.tree
+  leaf = np.asarray(out.valid)
+  ids = np.maximum(np.asarray(out.leaf), 0)
+  rows = np.arange(P)[:, None]
+  complete = (t.finished | t.pruned | (t.depth == 3))[rows, ids]
+  return np.asarray(out.budget.spent(unit)), leaf, complete
+
+
+@pytest.mark.parametrize("method", ["chain", "tree_grpo", "patr", "tree_random"])
+def test_budget_caps_starts_and_never_cuts_a_training_leaf(method):
+  extra = NO_PRUNE if method in ("patr", "tree_random") else {}
+  for unit, limit in (("env_steps", 7), ("generated", 27)):   # 7/3 and 1.5 trajectories
+    out, _ = cached(method, budget=limit, budget_unit=unit, **extra)
+    spent, valid, complete = spent_and_leaves(out, unit)
+    # every training leaf ended by the episode, the turn limit or pruning: none was cut
+    assert valid.any() and complete[valid].all(), unit
+    assert (spent <= limit).all(), (unit, spent)
+    assert out.stats["budget_cut"] == 0
+    assert out.stats["cost_per_prompt"] == pytest.approx(spent.mean())
+  # Where costs are exact (map 0, env steps), the cap stops only when no requested branch fits:
+  # spent is within one trajectory (3 steps) of the budget, below the free rollout's spend.
+  out, _ = cached(method, budget=7, budget_unit="env_steps", **extra)
+  free, _ = cached(method, **extra)
+  assert 7 - 3 < int(out.budget.env_steps[0]) <= 7 < int(free.budget.env_steps[0])
+
+
+def test_chain_under_a_budget_samples_fewer_complete_chains():
+  out, _ = cached("chain", budget=7, budget_unit="env_steps")
+  t = out.tree
+  # map 0: 3 steps a chain, so 2 of the 4 chains fit in 7 steps; they start at once and the
+  # other two are refused at every boundary (6 + 3 > 7)
+  assert t.num_children[0, 0] == 2 and int(out.budget.env_steps[0]) == 6
+  assert np.asarray(out.valid[0]).sum() == 2
+  # map 1 (episodes can end after 2 steps): at least 2 chains, each complete, in waves
+  assert 2 <= t.num_children[1, 0] <= 4 and int(out.budget.env_steps[1]) <= 7
+  ids = np.asarray(out.leaf[1])[np.asarray(out.valid[1])]
+  assert (t.finished[1, ids] | (t.depth[1, ids] == 3)).all()
+
+
+def test_budget_below_one_trajectory_is_refused():
+  env, model, engine, states, box = setup()
+  policy = methods.get("chain")(rollout_config().rollout)
+  with pytest.raises(ValueError, match=r"config.rollout.budget=17 generated .*\(18\)"):
+    run(engine, policy, box[0], states, jax.random.key(0), capacity=CAPACITY, budget=17)
+
+
+def test_planned_cost_is_what_full_length_branches_spend():
+  """On map 0 every branch runs to the turn limit: chain and PATR (no pruning) spend exactly
+  their planned cost in env steps."""
+  from tree_rl.rollout.budget import planned_cost
+  for method in ("chain", "patr"):
+    cfg = rollout_config(method=method, **NO_PRUNE)
+    out, _ = cached(method, **NO_PRUNE)
+    assert int(out.budget.env_steps[0]) == planned_cost(cfg.rollout, "env_steps")
+
+
 def test_learner_formats():
   out, _ = cached("tree_grpo")
   from tree_rl.learner import advantages, batches

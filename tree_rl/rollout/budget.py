@@ -1,4 +1,4 @@
-"""Per-prompt rollout cost accounting and the equal-budget mode.
+"""Per-prompt rollout cost accounting, the budget cap, and the planned cost of a config.
 
 Counters (int32 [P]):
 - generated: tokens the sampler decoded;
@@ -10,13 +10,36 @@ Counters (int32 [P]):
 - forks:     branches started by forking a context that another branch also continues;
 - pruned:    branches a routing policy stopped.
 
-Budget mode (`config.rollout.budget > 0`): once a prompt has spent its budget in
-`config.rollout.budget_unit`, it starts no new branch and its active branches stop (truncated)
-at the next turn boundary; a turn in flight finishes, so the overshoot is at most one turn per
-active branch.
+Budget cap (`config.rollout.budget > 0`, in `config.rollout.budget_unit`): a soft cap on
+starting branches, never a cut. A branch that has started always runs to its end (finished,
+pruned or the turn limit) and is charged. At every turn boundary the method's requests are
+split into continuations of running branches (always granted) and new branches (a chain from
+the root, a fork, an expansion). A new branch starts only if its worst-case cost fits:
+
+    spent + sum(remaining(running branches)) + sum(remaining(new branches so far)) <= budget
+
+where `remaining` (`CostModel.remaining`) is the most a branch continuing from a node at depth
+d can still spend: `max_turns - d` turns at their most expensive. New branches are granted in
+slot order while they fit; a refused one never starts (chain asks again at the next boundary,
+so its chains start in waves as running chains end; Tree-GRPO's and PATR's refused expansions
+are skipped). Hence spent <= budget always, no leaf is cut by the budget (`budget_cut` in the
+statistics counts leaves stopped before the turn limit for any reason other than the episode
+ending or pruning: 0), and a chain group under a budget has fewer, complete chains.
+`validation` refuses a budget below one trajectory's cost (`CostModel.trajectory`).
+
+Planned cost (`planned_trajectories`, `planned_cost`): what a config's rollout shape costs per
+prompt if every branch runs to the turn limit, in trajectories (x `trajectory` for a unit):
+chain G; Tree-GRPO M * (1 + L * N / 2) (the paper's E[B_tree] = M*B + L*N*B/2 with its N
+counted over the M trees; here N is per tree, so M*L*N expansions start half-way down on
+average: 6 trajectories for 4 at M=N=2, L=1, the paper's 1.5x); PATR / Tree-Random B0 plus,
+at every scoring round r (turn r*K < max_turns), the branches its expansions start, each
+(max_turns - r*K) / max_turns of a trajectory, with all branches alive and none pruned. Sweeps
+that compare methods at an equal budget are checked against it (`experiments/sweeps/build.py`).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -66,26 +89,114 @@ def check_unit(unit: str) -> None:
     raise ValueError(f"config.rollout.budget_unit={unit!r}; known: {UNITS}")
 
 
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+  """Upper bounds on what one branch can spend, per unit (static; hashable for jit).
+
+  prompt_tokens / obs_tokens: the engine's prompt and observation capacities (the `computed`
+  unit needs them); max_calls: the env's tool calls per episode when it has a limit;
+  share_prefix=False: a new branch re-encodes its parent's context (the no-sharing baseline).
+  """
+
+  max_turns: int
+  max_tokens_per_turn: int
+  prompt_tokens: int | None = None
+  obs_tokens: int | None = None
+  max_calls: int | None = None
+  share_prefix: bool = True
+
+  def remaining(self, unit: str, depth, ctx_len=0, fork=False):
+    """Most a branch whose next turn follows a node at `depth` can still spend in `unit`
+    (arrays broadcast): every turn decodes `max_tokens_per_turn`, every turn but the last is
+    followed by a full observation (prefilled with the turn's last token), and a fork in the
+    no-sharing baseline first re-encodes its parent's `ctx_len` context tokens (+1 pending)."""
+    check_unit(unit)
+    turns = jnp.maximum(self.max_turns - jnp.asarray(depth, jnp.int32), 0)
+    if unit == "generated":
+      return turns * self.max_tokens_per_turn
+    if unit == "computed":
+      if self.obs_tokens is None:
+        raise ValueError("the computed unit needs the engine's observation capacity")
+      cost = turns * self.max_tokens_per_turn + jnp.maximum(turns - 1, 0) * (self.obs_tokens + 1)
+      if not self.share_prefix:
+        cost = cost + jnp.where(fork, jnp.asarray(ctx_len, jnp.int32) + 1, 0)
+      return cost
+    if unit == "tool_calls" and self.max_calls is not None:
+      return jnp.minimum(turns, self.max_calls)
+    return turns          # env_steps; tool calls at most one per step
+
+  def trajectory(self, unit: str) -> int | None:
+    """The most one trajectory can spend in `unit` (its prompt too in `computed`; None when that
+    needs capacities not given): the floor of a meaningful per-prompt budget."""
+    if unit == "computed" and (self.prompt_tokens is None or self.obs_tokens is None):
+      check_unit(unit)
+      return None
+    extra = self.prompt_tokens if unit == "computed" else 0
+    return int(self.remaining(unit, 0)) + extra
+
+
 def trajectory_cost(unit: str, *, max_turns: int, max_tokens_per_turn: int,
-                    max_context: int | None = None, max_calls: int | None = None) -> int | None:
-  """The most one trajectory can spend in `unit` (None when it needs the engine's
-  `max_context` and that is not given): the floor of a meaningful per-prompt budget."""
-  check_unit(unit)
-  if unit == "generated":
-    return max_turns * max_tokens_per_turn
-  if unit == "computed":   # its prompt, every reply and every observation
-    return max_context
-  if unit == "tool_calls" and max_calls is not None:
-    return min(max_turns, max_calls)
-  return max_turns          # env_steps, or tool calls of an env where every step is one
+                    prompt_tokens: int | None = None, obs_tokens: int | None = None,
+                    max_calls: int | None = None) -> int | None:
+  """`CostModel(...).trajectory(unit)`: the most one trajectory can spend in `unit`."""
+  return CostModel(int(max_turns), int(max_tokens_per_turn), prompt_tokens, obs_tokens,
+                   max_calls).trajectory(unit)
 
 
-def exhausted(budget: Budget, limit: int, unit: str) -> jax.Array:
-  """bool [P]: the prompt has spent `limit` (never when limit <= 0)."""
-  check_unit(unit)
+def admit(costs: CostModel, unit: str, limit: int, spent: jax.Array, parents: jax.Array,
+          running: jax.Array, fork: jax.Array, depth: jax.Array, ctx_len: jax.Array) -> jax.Array:
+  """The budget cap on one boundary's requests: -> parents [P, S] with refused new branches -1.
+
+  spent [P] in `unit`; parents [P, S] requested parent nodes (-1 none); running [P, S] the
+  request continues a running branch (granted); fork [P, S] the request forks its parent's
+  context (`per_parent_forks`); depth / ctx_len [P, S] of the parent nodes.
+  New branches are granted in slot order while spent + the running branches' and the granted
+  new branches' `remaining` cost stays <= limit (limit <= 0: everything is granted).
+  """
   if limit <= 0:
-    return jnp.zeros(budget.generated.shape, bool)
-  return budget.spent(unit) >= limit
+    return parents
+  req = parents >= 0
+  new = req & ~running
+  cost = jnp.where(req, costs.remaining(unit, depth, ctx_len, fork), 0)
+  committed = spent + jnp.sum(jnp.where(running & req, cost, 0), axis=1)
+  need = committed[:, None] + jnp.cumsum(jnp.where(new, cost, 0), axis=1)
+  return jnp.where(req & (running | (need <= limit)), parents, -1)
+
+
+def patr_schedule(rc) -> tuple[float, int]:
+  """PATR's plan: `routing.patr_route` on B0 branches that all stay alive and unpruned.
+  -> (planned trajectories, branches started)."""
+  alive = int(rc.initial_branches)
+  total = float(alive)
+  extra, k, turns = int(rc.expand_children) - 1, int(rc.score_every), int(rc.max_turns)
+  for depth in range(k, turns, k):
+    if extra <= 0:
+      break
+    new = min(int(rc.expand_top_k), alive, (int(rc.max_branches) - alive) // extra) * extra
+    total += new * (turns - depth) / turns
+    alive += new
+  return total, alive
+
+
+def planned_trajectories(rc) -> float:
+  """Planned cost per prompt of `config.rollout` `rc`, in full trajectories (module docstring)."""
+  method = rc.method
+  if method == "chain":
+    return float(rc.group_size)
+  if method == "tree_grpo":
+    return int(rc.num_trees) * (1 + int(rc.expand_iterations) * int(rc.expand_nodes) / 2)
+  if method in ("patr", "tree_random"):
+    return patr_schedule(rc)[0]
+  raise ValueError(f"no planned cost for config.rollout.method={method!r}")
+
+
+def planned_cost(rc, unit: str | None = None, **capacities) -> float | None:
+  """Planned cost per prompt in `unit` (default `rc.budget_unit`): planned trajectories x one
+  trajectory's cost (`capacities`: prompt_tokens / obs_tokens / max_calls, as `CostModel`)."""
+  unit = unit or rc.budget_unit
+  one = trajectory_cost(unit, max_turns=rc.max_turns, max_tokens_per_turn=rc.max_tokens_per_turn,
+                        **capacities)
+  return None if one is None else planned_trajectories(rc) * one
 
 
 def per_parent_forks(parents: jax.Array, mask: jax.Array, had_children: jax.Array) -> jax.Array:

@@ -21,7 +21,7 @@ import numpy as np
 from flax import struct
 
 from tree_rl.rollout import scorers as scorer_lib
-from tree_rl.rollout.budget import Budget, check_unit, exhausted
+from tree_rl.rollout.budget import UNITS, Budget, CostModel, admit, check_unit, per_parent_forks
 from tree_rl.rollout.engine import Engine, Layout, RolloutState
 from tree_rl.rollout.methods import RolloutMethod, alive
 from tree_rl.rollout.tree import Tree, gather, leaf_ids, scatter
@@ -42,12 +42,24 @@ def _scatter_frontier(field, frontier, values):
   return scatter(field, jnp.where(frontier >= 0, frontier, -1), values)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 7, 8))
-def _boundary(method: RolloutMethod, tree, budget, frontier, pstate, scores, key, limit, unit):
+def _admit(tree, budget, frontier, parents, limit, unit, costs: CostModel):
+  """The budget cap (`budget.admit`): refused new branches of `parents` become -1."""
+  if limit <= 0:
+    return parents
+  req = parents >= 0
+  fork = per_parent_forks(parents, req, gather(tree.num_children, parents) > 0)
+  go = jnp.where(alive(tree, frontier), frontier, -2)
+  running = req & ~fork & jnp.any(parents[:, :, None] == go[:, None, :], axis=2)
+  return admit(costs, unit, limit, budget.spent(unit), parents, running, fork,
+               gather(tree.depth, parents), gather(tree.ctx_len, parents))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 7, 8, 9))
+def _boundary(method: RolloutMethod, tree, budget, frontier, pstate, scores, key, limit, unit,
+              costs):
   go = alive(tree, frontier)
   parents, pstate, pruned = method.next(tree, frontier, pstate, scores, key)
-  over = exhausted(budget, limit, unit)
-  parents = jnp.where(over[:, None], -1, parents)
+  parents = _admit(tree, budget, frontier, parents, limit, unit, costs)
   continued = jnp.any(frontier[:, :, None] == jnp.where(parents >= 0, parents, -2)[:, None, :], axis=2)
   pruned = go & pruned
   stopped = go & ~continued & ~pruned
@@ -64,9 +76,11 @@ def _boundary(method: RolloutMethod, tree, budget, frontier, pstate, scores, key
   return parents, pstate, tree, budget, release
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
-def _first(method: RolloutMethod, tree, pstate):
-  return method.first(tree, pstate)
+@functools.partial(jax.jit, static_argnums=(0, 3, 4, 5))
+def _first(method: RolloutMethod, tree, budget, limit, unit, costs):
+  parents, pstate = method.first(tree, method.init(tree.num_prompts))
+  none = jnp.full(parents.shape, -1, jnp.int32)
+  return _admit(tree, budget, none, parents, limit, unit, costs), pstate
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
@@ -91,7 +105,9 @@ def run(engine: Engine, method: RolloutMethod, cache, env_states, key, *, prompt
 
   scorer: a built process scorer (`scorers.build`), needed by scoring methods. Returns the
   output and the cache (all its pages released). capacity: node slots per prompt when more
-  than the method needs (lets several methods share one cache shape).
+  than the method needs (lets several methods share one cache shape). budget > 0 caps the
+  branches each prompt starts at `budget` `budget_unit` (`tree_rl.rollout.budget`: started
+  branches always finish; spent <= budget).
   """
   check_unit(budget_unit)
   if method.score_every and scorer is None:
@@ -102,32 +118,42 @@ def run(engine: Engine, method: RolloutMethod, cache, env_states, key, *, prompt
     raise ValueError(f"capacity={capacity} is below the {need} nodes per prompt {method.name!r} needs")
   layout = Layout(num_prompts=p, capacity=capacity or need, slots=method.slots,
                   num_trees=method.num_trees)
+  limit, costs = int(budget), engine.cost_model()
+  one = costs.trajectory(budget_unit)
+  if 0 < limit < one:
+    raise ValueError(f"config.rollout.budget={limit} {budget_unit} per prompt is less than one "
+                     f"trajectory can take ({one}): no branch could start")
   rs = engine.start(cache, env_states, layout, prompt_ids)
-  pstate = method.init(p)
-  parents, pstate = _first(method, rs.tree, pstate)
+  parents, pstate = _first(method, rs.tree, rs.budget, limit, budget_unit, costs)
   max_len = engine.max_context()
   while True:
     k_turn, k_score, k_route = jax.random.split(jax.random.fold_in(key, rs.turns), 3)
-    rs, frontier = engine.advance(rs, parents, k_turn, keep_parents=method.keep_contexts)
+    rs, frontier = engine.advance(rs, parents, k_turn, keep_parents=method.keep_contexts,
+                                  keep_roots=limit > 0)
     scores = None
     if method.score_every and rs.turns % method.score_every == 0:
       nodes = jnp.where(alive(rs.tree, frontier), frontier, -1)
       inp = _score_input(rs.tree, nodes, max_len, engine.max_turns)
       scores = scorer(inp, k_score).reshape(frontier.shape)
     parents, pstate, tree, bud, release = _boundary(method, rs.tree, rs.budget, frontier, pstate,
-                                                    scores, k_route, int(budget), budget_unit)
+                                                    scores, k_route, limit, budget_unit, costs)
     rs = engine.release(dataclasses.replace(rs, tree=tree, budget=bud), release)
     if not bool(jnp.any(parents >= 0)):
       break
   rs = engine.release(rs, rs.live)
   ids, valid, reward, tid = _finish(method, rs.tree, jax.random.fold_in(key, 2**31 - 1), method.max_leaves())
   out = RolloutOutput(tree=rs.tree, leaf=ids, valid=valid, reward=reward, tree_id=tid,
-                      budget=rs.budget, stats=statistics(rs, ids, valid, reward))
+                      budget=rs.budget,
+                      stats=statistics(rs, ids, valid, reward, budget_unit, engine.max_turns))
   return out, rs.cache
 
 
-def statistics(rs: RolloutState, ids, valid, reward) -> dict:
-  """Host-side summary: success rate, turns, depth, pruned, budget per prompt and trajectory."""
+def statistics(rs: RolloutState, ids, valid, reward, unit: str = "generated",
+               max_turns: int | None = None) -> dict:
+  """Host-side summary: success rate, turns, depth, pruned, budget totals; `cost_per_prompt`
+  (mean spent per prompt in `unit`) and `cost_per_prompt/<unit>` in every unit; `budget_cut`:
+  leaves stopped before `max_turns` that neither finished nor were pruned (the budget cap never
+  cuts a branch, so 0 unless a method stops branches itself)."""
   tree = rs.tree
   v = np.asarray(valid)
   depth = np.asarray(gather(tree.depth, ids))
@@ -148,4 +174,12 @@ def statistics(rs: RolloutState, ids, valid, reward) -> dict:
   for k, x in b.items():
     out[f"budget/{k}"] = int(x.sum())
   out["budget/no_sharing_prefilled"] = int(b["prefilled"].sum() + b["reused"].sum())
+  for u in UNITS:
+    out[f"cost_per_prompt/{u}"] = float(np.mean(np.asarray(rs.budget.spent(u))))
+  out["cost_per_prompt"] = out[f"cost_per_prompt/{unit}"]
+  leaf = np.asarray(tree.is_leaf)
+  cut = leaf & np.asarray(tree.truncated) & ~np.asarray(tree.finished) & ~np.asarray(tree.pruned)
+  if max_turns is not None:
+    cut &= np.asarray(tree.depth) < max_turns
+  out["budget_cut"] = int(cut.sum())
   return out

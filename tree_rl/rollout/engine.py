@@ -28,7 +28,7 @@ from flax import struct
 from tree_rl import sampling
 from tree_rl.buckets import pow2_bucket
 from tree_rl.rollout import tree as tree_lib
-from tree_rl.rollout.budget import Budget, per_parent_forks
+from tree_rl.rollout.budget import Budget, CostModel, per_parent_forks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +130,13 @@ class Engine:
   def max_context(self) -> int:
     """Tokens of the longest root-to-leaf context."""
     return self.prompt_capacity + self.max_turns * (self.max_new + self.obs_capacity)
+
+  def cost_model(self) -> CostModel:
+    """Per-branch cost bounds of this engine (the budget cap's `remaining`)."""
+    calls = getattr(self.env_params, "max_calls", None)
+    return CostModel(self.max_turns, self.max_new, prompt_tokens=self.prompt_capacity,
+                     obs_tokens=self.obs_capacity, max_calls=None if calls is None else int(calls),
+                     share_prefix=self.share_prefix)
 
   def pages_per_seq(self, page_size: int) -> int:
     return -(-(self.max_context() + 1) // page_size)
@@ -299,9 +306,11 @@ class Engine:
     return dataclasses.replace(rs, cache=cache, live=rs.live & ~mask)
 
   def advance(self, rs: RolloutState, parents: jax.Array, key: jax.Array, *,
-              keep_parents: bool) -> tuple[RolloutState, jax.Array]:
+              keep_parents: bool, keep_roots: bool = False) -> tuple[RolloutState, jax.Array]:
     """One agent turn for every parent request [P, S] (-1: none; a parent listed m times gets
-    m children). Returns (state, children [P, S] local node ids, -1 where none)."""
+    m children). keep_roots: roots keep their sampler slot even when keep_parents is off (a
+    budget-capped chain starts chains later). Returns (state, children [P, S] local node ids,
+    -1 where none)."""
     layout = rs.layout
     count = int(jnp.sum(parents >= 0))
     if count == 0:
@@ -331,7 +340,8 @@ class Engine:
       raise RolloutError(msg)
     rs = dataclasses.replace(rs, cache=cache, live=live)
     if not keep_parents:
-      parent_mask = jnp.zeros_like(live).at[p_idx, jnp.where(parents >= 0, parents, layout.capacity)].set(
+      drop = (parents >= 0) & ~(keep_roots & (parents < layout.num_trees))
+      parent_mask = jnp.zeros_like(live).at[p_idx, jnp.where(drop, parents, layout.capacity)].set(
           True, mode="drop")
       rs = self.release(rs, parent_mask)
     k_env = jax.random.fold_in(key, 1)

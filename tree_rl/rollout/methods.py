@@ -86,8 +86,14 @@ class Chain(RolloutMethod):
     return jnp.zeros((tree.num_prompts, self.slots), jnp.int32), pstate
 
   def next(self, tree, frontier, pstate, scores, key):
+    """Continue the running chains; ask for the chains not yet started (the budget cap may
+    have refused them) in the free slots."""
     go = alive(tree, frontier)
-    return jnp.where(go, frontier, -1), pstate, jnp.zeros_like(go)
+    cont = jnp.where(go, frontier, -1)
+    want = self.group_size - tree.num_children[:, 0]
+    free = cont < 0
+    start = free & (jnp.cumsum(free, axis=1) <= want[:, None])
+    return jnp.where(start, 0, cont), pstate, jnp.zeros_like(go)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +158,7 @@ class PATR(RolloutMethod):
     if scores is None:
       route = jax.vmap(lambda a, r: routing.loop_prune(a, r, self.prune_repeat))(go, run)
     else:
-      room = self.max_branches - pstate
+      room = self.max_branches - jnp.sum(tree.is_leaf, axis=1)   # branches started so far
       route = jax.vmap(lambda s, a, r, m: routing.patr_route(
           s, a, r, alpha=self.prune_alpha, theta=self.prune_repeat, top_k=self.expand_top_k,
           children=self.expand_children, room=m))(scores, go, run, room)
