@@ -98,17 +98,23 @@ def base_config() -> ml_collections.ConfigDict:
   )
   c.scorer = dict(
       name="heuristic",         # process scorer: heuristic | judge | prm | random | a registered name
-      judge_template="",        # judge prompt with a {trajectory} slot; "" = built-in template
+      judge_template="",        # judge prompt: {trajectory} slot, optional {stage} slot; "" = the env's
+                                # stage-aware template (FrozenLake: plan/move; tool-call: search/answer)
       judge_context_tokens=256, # last tokens of the partial trajectory shown to the judge
       judge_max_tokens=8,       # tokens the judge may write
       judge_scale=10.0,         # the judge's number is divided by this
       judge_lambda=0.5,         # s = lambda * s_judge + (1 - lambda) * s_heuristic
-      judge_model="policy",     # policy (the policy judges itself) | hf (a local judge checkpoint)
+      judge_model="policy",     # policy (the current policy judges itself) | hf (a fixed local checkpoint)
       judge_hf_path="",         # judge checkpoint directory when judge_model=hf
+      prm_model="policy",       # policy (the PRM reads the current policy) | hf (a fixed local checkpoint)
+      prm_hf_path="",           # PRM checkpoint directory when prm_model=hf
+      prm_template="{question}{steps}",  # PRM input: {question} = the env's prompt, {steps} = the
+                                # agent steps so far (reply + observation), each + prm_step_separator
+      prm_step_separator="\n\n", # text after every step; its last token's output scores the step
       prm_head="token",         # token: P(good token) after each step | scalar: sigmoid(value head)
       prm_good_token="+",       # designated "good" token (must be one token)
       prm_bad_token="-",        # normalise P(good) against this token; "" = plain P(good)
-      prm_aggregation="last",   # last | mean | max | min | weighted over the steps
+      prm_aggregate="last",     # last | mean | max | min | weighted over the steps
       prm_decay=0.8,            # weighted: weight decay^(steps after) per step
   )
   c.learner = dict(

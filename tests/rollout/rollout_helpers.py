@@ -31,9 +31,9 @@ def steered_model(tok, transitions, scale=0.7, seed=0, attn_scale=10.0):
   return model
 
 
-def moves_model(tok):
+def moves_model(tok, seed=0):
   nl, down, right, eot = (tok.encode(s)[0] for s in ("\n", "Down", "Right", "<|im_end|>"))
-  return steered_model(tok, {nl: (down, right), down: (eot,), right: (eot,)}, scale=8.0)
+  return steered_model(tok, {nl: (down, right), down: (eot,), right: (eot,)}, scale=8.0, seed=seed)
 
 
 def rollout_config(**overrides):

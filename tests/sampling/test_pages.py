@@ -113,6 +113,27 @@ def test_new_weights_need_a_reset_that_empties_the_cache(model):
   check_greedy(new_model, *res[0])
 
 
+def test_rebind_moves_an_empty_cache_to_other_weights_of_the_same_model(model):
+  from sampling_helpers import make_model
+  d = Driver(model)
+  new_model = make_model(seed=1)
+  new_params = sampling.init_cache(new_model, max_seqs=1, num_pages=1, max_pages_per_seq=1).params
+  d.prefill({0: [1, 2, 3, 4, 5]})
+  with pytest.raises(ValueError, match="release every slot"):   # KV of the old weights is live
+    sampling.rebind(d.cache, new_params)
+  d.release([0])
+  version = d.cache.params_version
+  assert sampling.rebind(d.cache, d.cache.params) is d.cache     # the same arrays: no new binding
+  d.cache = sampling.rebind(sampling.unbind(d.cache), new_params)
+  assert d.cache.params_version > version
+  d.prefill({0: [1, 2, 3, 4, 5]})
+  _, res = d.decode([0])
+  check_greedy(new_model, *res[0])                               # decodes with the new weights
+  d.release([0])
+  with pytest.raises(ValueError, match="another model"):
+    sampling.rebind(d.cache, new_params[:-1] + (new_params[-1][:1],))
+
+
 def test_bad_arguments_name_the_field(model):
   with pytest.raises(ValueError, match="kv_dtype"):
     sampling.init_cache(model, max_seqs=2, num_pages=4, max_pages_per_seq=2, kv_dtype="int8")

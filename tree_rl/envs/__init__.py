@@ -8,8 +8,8 @@
     obs_tokens, m = env.observation_tokens(state, turn_closed)
 
 A state is a pytree: branching a rollout tree is keeping (or `snapshot`-ing) it and stepping the
-copy. `register(name, factory, tasks=..., heuristic=..., expert=...)` adds an environment, with
-its task set, process heuristic and warm-start expert, from a notebook.
+copy. `register(name, factory, tasks=..., heuristic=..., judge=..., expert=...)` adds an environment,
+with its task set, process heuristic, judge template and warm-start expert, from a notebook.
 """
 
 from tree_rl.envs.base import Environment, TokenEnv, repeat, restore, snapshot, take
@@ -22,9 +22,11 @@ from tree_rl.envs.external_tool import ExternalTool
 register("frozenlake", FrozenLake, config_fields=("preset", "goal_hint"),
          tasks="tree_rl.tasks:frozenlake_tasks",
          heuristic="tree_rl.rollout.scorers:frozenlake_progress",
+         judge="tree_rl.rollout.scorers:FROZENLAKE_JUDGE",
          expert="tree_rl.warmstart.frozenlake_expert:FrozenLakeExpert")
 register("toolcall", ToolCallEnv,
          config_fields=("preset", "split", "data_dir", "data_seed", "top_k", "max_calls"),
          tasks="tree_rl.tasks:toolcall_tasks",
          heuristic="tree_rl.rollout.scorers:toolcall_progress",
+         judge="tree_rl.rollout.scorers:TOOLCALL_JUDGE",
          expert="tree_rl.warmstart.toolcall_expert:ToolCallExpert")

@@ -1,7 +1,7 @@
 """The env registry: one `register` names everything the rest of tree_rl needs of an environment.
 
     register("mylake", MyLake, config_fields=("preset",), tasks=my_tasks,
-             heuristic=my_progress, expert=MyExpert)
+             heuristic=my_progress, judge=MY_JUDGE, expert=MyExpert)
     env = make("mylake", tokenizer=tok, preset="...")
     env = from_config(config, tokenizer)
 
@@ -11,8 +11,11 @@ What an entry holds (`EnvEntry`):
   `config.rollout.max_turns` and the reply size `config.rollout.max_tokens_per_turn`;
 - tasks(config, tokenizer, data_dir) -> `tree_rl.tasks.TaskSet`: the train / held-out initial states;
 - heuristic(env, env_params, state, root_state) -> float in [0, 1]: the `heuristic` process score;
+- judge: a `tree_rl.rollout.scorers.JudgeTemplate`, the judge scorer's stage-aware prompt (its
+  text with `{stage}` / `{trajectory}` slots, the stage names, and a function of the env state
+  giving the current stage);
 - expert(env, epsilon) -> `tree_rl.warmstart.Expert`: the warm start's demonstrator.
-Each part may be a callable or a "module:attribute" path imported on first use (as gymnasium's
+Each part may be the object or a "module:attribute" path imported on first use (as gymnasium's
 entry points), so a built-in env registers its parts without importing them.
 """
 
@@ -25,7 +28,8 @@ from typing import Any, Callable
 from tree_rl.registry import Registry
 
 _PARTS = {"tasks": "its task set (train / test initial states)",
-          "heuristic": "a heuristic process score", "expert": "a warm-start expert"}
+          "heuristic": "a heuristic process score", "judge": "a judge template",
+          "expert": "a warm-start expert"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +40,10 @@ class EnvEntry:
   tasks: Callable | str | None = None
   heuristic: Callable | str | None = None
   expert: Callable | str | None = None
+  judge: Any = None
 
-  def part(self, what: str) -> Callable:
-    """The entry's `tasks`, `heuristic` or `expert` (imported if given as a path)."""
+  def part(self, what: str) -> Any:
+    """The entry's `tasks`, `heuristic`, `judge` or `expert` (imported if given as a path)."""
     value = getattr(self, what)
     if value is None:
       raise KeyError(f"env {self.name!r} (config.env.name) has no {_PARTS[what]}; register it "
@@ -54,10 +59,11 @@ _REGISTRY = Registry("env", "config.env.name")
 
 def register(name: str, factory: Callable, *, config_fields: tuple[str, ...] = ("preset",),
              tasks: Callable | str | None = None, heuristic: Callable | str | None = None,
-             expert: Callable | str | None = None, overwrite: bool = False) -> Callable:
+             expert: Callable | str | None = None, judge: Any = None,
+             overwrite: bool = False) -> Callable:
   """Register the environment `name` with everything tree_rl needs of it (see the module
   docstring); returns the factory."""
-  entry = EnvEntry(name, factory, tuple(config_fields), tasks, heuristic, expert)
+  entry = EnvEntry(name, factory, tuple(config_fields), tasks, heuristic, expert, judge)
   if name in _REGISTRY and not overwrite and _REGISTRY.get(name) != entry:
     raise ValueError(f"env {name!r} is already registered; pass overwrite=True to replace it")
   _REGISTRY.register(name)(entry)

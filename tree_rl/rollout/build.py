@@ -55,7 +55,8 @@ def make_training_engine(config, env, tokenizer) -> tuple[methods.RolloutMethod,
 
 def make_scorer(config, method: methods.RolloutMethod, *, env=None, tokenizer=None, policy_model=None,
                 judge_model=None, prm_model=None):
-  """The process scorer the rollout method needs (None for chain / tree_grpo)."""
+  """The process scorer the rollout method needs (None for chain / tree_grpo). Built once: it
+  takes the weights at every call (`scorers.Scorer`), so policy updates need no rebuild."""
   if not method.score_every:
     return None
   return scorers.from_config(config, env=env, tokenizer=tokenizer, policy_model=policy_model,

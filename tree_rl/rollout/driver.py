@@ -103,11 +103,12 @@ def run(engine: Engine, method: RolloutMethod, cache, env_states, key, *, prompt
         capacity: int | None = None) -> tuple[RolloutOutput, Any]:
   """Roll out `method` for the prompts whose initial env states are `env_states` (leading [P]).
 
-  scorer: a built process scorer (`scorers.build`), needed by scoring methods. Returns the
-  output and the cache (all its pages released). capacity: node slots per prompt when more
-  than the method needs (lets several methods share one cache shape). budget > 0 caps the
-  branches each prompt starts at `budget` `budget_unit` (`tree_rl.rollout.budget`: started
-  branches always finish; spent <= budget).
+  scorer: a built process scorer (`scorers.build`), needed by scoring methods; it scores with
+  `scorer.weights_for(cache.params)`, so a scorer that reads the policy sees the weights `cache`
+  is bound to. Returns the output and the cache (all its pages released). capacity: node slots
+  per prompt when more than the method needs (lets several methods share one cache shape).
+  budget > 0 caps the branches each prompt starts at `budget` `budget_unit`
+  (`tree_rl.rollout.budget`: started branches always finish; spent <= budget).
   """
   check_unit(budget_unit)
   if method.score_every and scorer is None:
@@ -134,7 +135,7 @@ def run(engine: Engine, method: RolloutMethod, cache, env_states, key, *, prompt
     if method.score_every and rs.turns % method.score_every == 0:
       nodes = jnp.where(alive(rs.tree, frontier), frontier, -1)
       inp = _score_input(rs.tree, nodes, max_len, engine.max_turns)
-      scores = scorer(inp, k_score).reshape(frontier.shape)
+      scores = scorer(scorer.weights_for(rs.cache.params), inp, k_score).reshape(frontier.shape)
     parents, pstate, tree, bud, release = _boundary(method, rs.tree, rs.budget, frontier, pstate,
                                                     scores, k_route, limit, budget_unit, costs)
     rs = engine.release(dataclasses.replace(rs, tree=tree, budget=bud), release)

@@ -8,8 +8,10 @@
 
 Weights: `init_cache` splits the NNX model once and keeps its parameter arrays inside the cache;
 every operation runs with exactly those weights, so a cache filled under old weights cannot be
-reused with new ones: `reset(cache, model)` (or `init_cache`) is the only way to new weights, and it
-empties every slot. `cache.params_version` increases with every binding.
+reused with new ones: `reset(cache, model)` (or `init_cache`) empties every slot and binds new
+weights; `rebind(cache, params)` binds an already empty cache to other weights of the same model
+(a flat tuple like `cache.params`) without rebuilding it. `cache.params_version` increases with
+every binding.
 
 Every operation donates the previous cache state: use only the returned cache. Slot ids are
 global; with a mesh, slot g lives on data shard g // max_seqs (each shard has its own pool of
@@ -123,6 +125,32 @@ def reset(cache: Cache, model: nnx.Module) -> Cache:
                     max_pages_per_seq=cache.spec.max_pages_per_seq, page_size=cache.spec.page_size,
                     kv_dtype=cache.spec.kv_dtype, mesh=cache.mesh, data_axis=cache.data_axis,
                     tensor_axis=cache.tensor_axis)
+
+
+def rebind(cache: Cache, params) -> Cache:
+  """`cache` bound to `params`: other weights of the same model, flat as `cache.params` (same
+  leaf count, shapes and dtypes). The cache must hold no sequence (release every slot first):
+  KV computed under other weights is never reused. Rebinding the arrays it holds is a no-op."""
+  params = tuple(params)
+  old = cache.params
+  if len(params) == len(old) and all(a is b for a, b in zip(params, old)):
+    return cache
+  if len(params) != len(old):
+    raise ValueError(f"rebind: {len(params)} weight arrays for a model of {len(old)}")
+  bad = [i for i, (a, b) in enumerate(zip(params, old)) if a.shape != b.shape or a.dtype != b.dtype]
+  if bad:
+    i = bad[0]
+    raise ValueError(f"rebind: weight {i} is {params[i].dtype}{list(params[i].shape)}, the "
+                     f"cache's model has {old[i].dtype}{list(old[i].shape)} (another model?)")
+  if bool(jnp.any(cache.lens > 0)):
+    raise ValueError("rebind: the cache still holds sequences; release every slot first")
+  return cache.replace(params=params, params_version=next(_VERSION))
+
+
+def unbind(cache: Cache) -> Cache:
+  """`cache` holding only its weights' shapes and dtypes (no arrays kept alive): no operation
+  runs on it until `rebind` gives it weights again."""
+  return cache.replace(params=tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in cache.params))
 
 
 def _state_specs(state: C.CacheState, data_axis, tensor_axis):
