@@ -201,11 +201,16 @@ def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 def parse_flags_or_exit(argv):
   """absl flags parser for `app.run(main, flags_parser=...)`: a bad --config override
-  (unknown field, wrong type) prints one clear line and exits with status 2."""
+  (unknown field, wrong type) prints one clear line and exits with status 2. Library logs
+  (orbax, TFDS, jax) stay at WARNING unless `--verbosity` asks for more."""
   import sys
 
+  from tree_rl import console
+
   try:
-    return flags.FLAGS(argv)
+    rest = flags.FLAGS(argv)
+    console.quiet_libraries()
+    return rest
   except (AttributeError, KeyError, TypeError, ValueError, flags.Error) as e:
     message = str(e).strip("'\"").replace("\\n", "\n").replace("\\'", "'")
     lines = [line.strip() for line in message.splitlines() if line.strip()]

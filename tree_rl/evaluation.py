@@ -1,8 +1,8 @@
 """Held-out evaluation through the rollout engine: greedy and sampled chains per test prompt.
 
 Metrics: greedy success, sampled success (mean over `train.eval_samples` episodes per prompt),
-pass@k (any of the k sampled episodes succeeds), mean turns, tool calls and generated tokens per
-episode. Prompts run in fixed-size chunks (the last one padded); each turn decodes and prefills only
+pass@k as `eval/pass_at_k` (any of the k sampled episodes succeeds), mean turns, generated tokens
+and, where the env has tools, tool calls per episode. Prompts run in fixed-size chunks (the last one padded); each turn decodes and prefills only
 the live episodes (the engine's power-of-two buckets), and the same weights and key give the
 same numbers. The evaluator runs on the caller's sampler
 cache (bound to the weights to evaluate), so training and evaluation share one cache shape and
@@ -17,6 +17,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from tree_rl import console
 from tree_rl.rollout import build as rollout_build
 from tree_rl.rollout.driver import run
 from tree_rl.rollout.engine import Layout
@@ -35,6 +36,7 @@ class Evaluator:
     self.states = jax.tree.map(lambda x: x[:self.num_prompts], states)
     self.chunk = min(EVAL_CHUNK, self.num_prompts)
     self.k = int(config.train.eval_samples)
+    self.has_tools = bool(env.has_tools)
     self.modes = {}
     for mode, temperature, group in (("greedy", 0.0, 1), ("sampled", float(config.rollout.temperature), self.k)):
       c = config.copy_and_resolve_references()
@@ -55,7 +57,10 @@ class Evaluator:
     """Per prompt: rewards [N, L], valid [N, L], turns [N, L], per-prompt budget sums; cache."""
     method, engine, layout = self.modes[mode]
     rewards, valid, turns, calls, generated = [], [], [], [], []
+    bar = console.progress(self.config, -(-self.num_prompts // self.chunk), f"eval {mode}",
+                           leave=False, unit="chunk")
     for lo in range(0, self.num_prompts, self.chunk):
+      bar.update(1)
       idx = np.minimum(np.arange(lo, lo + self.chunk), self.num_prompts - 1)
       states = jax.tree.map(lambda x: x[idx], self.states)
       out, cache = run(engine, method, cache, states, jax.random.fold_in(key, lo),
@@ -66,6 +71,7 @@ class Evaluator:
       turns.append(np.asarray(gather(out.tree.depth, out.leaf))[real])
       calls.append(np.asarray(out.budget.tool_calls)[real])
       generated.append(np.asarray(out.budget.generated)[real])
+    bar.close()
     cat = np.concatenate
     return (cat(rewards), cat(valid), cat(turns), cat(calls), cat(generated)), cache
 
@@ -83,8 +89,9 @@ class Evaluator:
       success = (r > 0) & v
       out[f"eval/{mode}_success"] = float(success.sum() / episodes)
       out[f"eval/{mode}_mean_turns"] = float(turns[v].sum() / episodes)
-      out[f"eval/{mode}_tool_calls"] = float(calls.sum() / episodes)
+      if self.has_tools:
+        out[f"eval/{mode}_tool_calls"] = float(calls.sum() / episodes)
       out[f"eval/{mode}_tokens_per_episode"] = float(generated.sum() / episodes)
       if mode == "sampled":
-        out[f"eval/pass@{self.k}"] = float(np.mean(success.any(axis=1)))
+        out[f"eval/pass_at_{self.k}"] = float(np.mean(success.any(axis=1)))
     return out, cache

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tree_rl import tasks
+from tree_rl import console, tasks
 from tree_rl.checkpointing import Checkpointer
 from tree_rl.evaluation import Evaluator
 from tree_rl.learner.from_rollout import learner_batches
@@ -191,20 +191,9 @@ def _checkpoint_state(train_state, ref_params):
   return {"train": train_state, "ref_params": ref_params}
 
 
-def _progress(config, total: int, initial: int):
-  if not config.logging.progress_bar:
-    return None
-  from tqdm import tqdm
-  return tqdm(total=total, initial=initial, desc="RL steps", unit="step", dynamic_ncols=True)
-
-
 def train_and_evaluate(config, workdir: str) -> dict:
   """Run (or resume) the experiment in `workdir`; returns the final evaluation metrics."""
   parts = build_parts(config)   # validates the config first: a bad one writes nothing
-  r, lc = config.rollout, config.learner
-  print(f"{r.method} rollouts on {config.env.name} ({config.env.preset}), model {config.model.preset}: "
-        f"advantage {lc.advantage}, loss aggregation {lc.aggregation}, lr {lc.learning_rate:g}, "
-        f"temperature {r.temperature:g}; workdir {workdir}", flush=True)
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2))
@@ -214,6 +203,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
   train_state = parts.train_step.init()
   restored = ckpt.restore(_checkpoint_state(jax.eval_shape(lambda: train_state),
                                             jax.eval_shape(lambda: train_state.params)))
+  num_params = sum(x.size for x in jax.tree.leaves(nnx.state(parts.model, nnx.Param)))
+  print(console.startup_block(
+      config, workdir, num_params=int(num_params), mesh=parts.train_step.mesh,
+      resumed_from=None if restored is None else f"step {restored[0]} of {ckpt.directory}"),
+      flush=True)
   p = int(config.rollout.prompts_per_step)
   meta = lambda step: {"step": step, "data_position": step * p, "history": history,
                        "config": config.to_json()}
@@ -234,9 +228,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     history = saved.get("history", {})
     cache = new_cache(parts, train_state.params)
     writer.truncate_after(step)
-    print(f"resumed from {ckpt.directory} at step {step}")
   num_steps = int(config.train.num_steps)
-  bar = _progress(config, num_steps, step)
+  bar = console.progress(config, num_steps, "RL steps", initial=step)
   last_eval = None
   with _StopRequest() as stop:
     while step < num_steps and not stop.requested:
@@ -255,12 +248,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
       if step % int(config.checkpoint.every_steps) == 0 or step == num_steps or stop.requested:
         ckpt.save(step, _checkpoint_state(train_state, ref_params), meta(step),
                   metrics=last_eval if eval_now else None)
-      if bar is not None:
-        bar.update(1)
-        bar.set_postfix(success=f"{metrics['rollout/success_rate']:.2f}",
-                        loss=f"{metrics.get('learner/loss', float('nan')):.3f}")
-  if bar is not None:
-    bar.close()
+      bar.update(1)
+      bar.set_postfix(success=f"{metrics['rollout/success_rate']:.2f}",
+                      loss=f"{metrics.get('learner/loss', float('nan')):.3f}")
+  bar.close()
   writer.close()
   ckpt.close()
   _plot(workdir)
@@ -312,8 +303,8 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
     def evaluate(params):
       success = train_eval.greedy_success(new_cache(parts, nnx.to_pure_dict(params)),
                                           jax.random.fold_in(key, 1))[0]
-      print(f"warm start: step {next(checks)}, greedy success {success:.2f} on {n} train maps "
-            f"(target {float(config.warmstart.target_success):.2f})", flush=True)
+      console.write(f"warm start: step {next(checks)}, greedy success {success:.2f} on {n} train "
+                    f"maps (target {float(config.warmstart.target_success):.2f})")
       return success
   params, stats = warm_start(config, parts.model, parts.tokenizer, parts.tasks.train_env, key,
                              evaluate=evaluate)

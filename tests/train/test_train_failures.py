@@ -3,6 +3,7 @@ deterministic evaluation."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,8 +75,17 @@ def _cli(workdir, data_dir, steps):
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path, data_dir):
   env = dict(os.environ, XLA_FLAGS="", PYTHONPATH=ROOT)
   straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
-  subprocess.run(_cli(straight, data_dir, 3), cwd=ROOT, env=env, check=True, capture_output=True,
-                 timeout=900)
+  first = subprocess.run(_cli(straight, data_dir, 3), cwd=ROOT, env=env, check=True,
+                         capture_output=True, text=True, timeout=900)
+  # A quiet console: the start-up block, no library INFO lines, no TFDS download banner.
+  out = first.stdout + first.stderr
+  assert "devices   1 x cpu" in first.stdout and "(fresh start)" in first.stdout, first.stdout
+  assert not re.search(r"^I\d{4} ", out, re.M) and "Downloading and preparing" not in out, out[:3000]
+  # One metric name in JSONL and TensorBoard: only letters, digits and _ . / -; tool calls only
+  # where the env has tools (FrozenLake has none).
+  keys = {k for r in read_jsonl(os.path.join(straight, "metrics.jsonl")) for k in r}
+  assert "eval/pass_at_2" in keys and all(re.fullmatch(r"[\w./-]+", k) for k in keys), keys
+  assert not any(k.endswith("_tool_calls") for k in keys)
   proc = subprocess.Popen(_cli(killed, data_dir, 3), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
   step1 = os.path.join(killed, "checkpoints", "1")
@@ -88,7 +98,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, data_dir):
   assert 1 in steps and 3 not in steps, steps
   resumed = subprocess.run(_cli(killed, data_dir, 3), cwd=ROOT, env=env, check=True,
                            capture_output=True, text=True, timeout=900)
-  assert "resumed from" in resumed.stdout
+  assert "resumed from step 1 of" in resumed.stdout
   a, b = checkpoint_params(straight, 3), checkpoint_params(killed, 3)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

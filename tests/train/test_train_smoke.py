@@ -25,6 +25,8 @@ def test_smoke_run_trains_and_evaluates(tmp_path, data_dir, module, algo):
     assert r["rollout/trajectories"] > 0 and r["learner/skipped"] == 0
     assert r["rollout/budget/generated"] > 0 and np.isfinite(r["learner/loss"])
   assert 0.0 <= summary["eval_after"]["eval/greedy_success"] <= 1.0
+  # tool calls are reported where the env has tools (tool-call QA), not for FrozenLake
+  assert ("eval/sampled_tool_calls" in summary["eval_after"]) == (module is toolcall)
   assert os.path.exists(os.path.join(str(tmp_path), "curves.png"))
   assert os.listdir(os.path.join(str(tmp_path), "tensorboard"))
 

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import tensorflow_datasets as tfds
 
-from tree_rl.data.builder_utils import _code_path
+from tree_rl.data.builder_utils import LocalBuilder
 
 from tree_rl.envs import frozenlake as fl
 
@@ -29,11 +29,10 @@ class FrozenLakeMapsConfig(tfds.core.BuilderConfig):
   seed: int = 42
 
 
-class FrozenLakeMaps(tfds.core.GeneratorBasedBuilder):
+class FrozenLakeMaps(LocalBuilder):
   """FrozenLake maps: tiles (FROZEN=0, HOLE=1, GOAL=2, PAD=3), size, start, goal, shortest path."""
 
   VERSION = tfds.core.Version("1.0.0")
-  code_path = _code_path
   RELEASE_NOTES = {"1.0.0": "First release."}
   BUILDER_CONFIGS = [FrozenLakeMapsConfig(name="rllm", preset="rllm"),
                      FrozenLakeMapsConfig(name="rllm_small", preset="rllm_small"),

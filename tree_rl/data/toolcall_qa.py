@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 import tensorflow_datasets as tfds
 
-from tree_rl.data.builder_utils import _code_path
+from tree_rl.data.builder_utils import LocalBuilder
 
 from tree_rl.envs.toolcall_kb import KnowledgeBase, Question, generate_kb
 
@@ -28,11 +28,10 @@ class ToolcallQaConfig(tfds.core.BuilderConfig):
   max_hops: int = 3
 
 
-class ToolcallQa(tfds.core.GeneratorBasedBuilder):
+class ToolcallQa(LocalBuilder):
   """Facts ("text") and questions ("question", "answer", "hops", "needed", "queries")."""
 
   VERSION = tfds.core.Version("1.0.0")
-  code_path = _code_path
   RELEASE_NOTES = {"1.0.0": "First release."}
   BUILDER_CONFIGS = [ToolcallQaConfig(name="default")]
 

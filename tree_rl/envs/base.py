@@ -51,7 +51,10 @@ class TokenEnv(Environment):
   A subclass fills in, besides `default_params`, `reset` and `step`, the three token methods
   below (all jittable and vmappable over states) and may override `tool_calls`. The episode's
   turn limit is `params.max_turns`; the registered factory receives it as `max_turns`.
+  `has_tools`: the agent calls tools (evaluation then reports tool calls per episode).
   """
+
+  has_tools: bool = False
 
   @abc.abstractmethod
   def initial_prompt_tokens(self, state: Any, params: Any = None) -> tuple[jax.Array, jax.Array]:

@@ -92,6 +92,8 @@ class ToolCallEnv(TokenEnv):
   `tool`: an ExternalTool replacing BM25 retrieval over the KB.
   """
 
+  has_tools = True
+
   name = "toolcall"
   _KB_KEYS = ("num_people", "num_cities", "num_countries", "num_companies", "num_test", "min_hops",
               "max_hops")

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from tree_rl import console
 from tree_rl.learner.logprobs import ATTENTION, sequence_logprobs
 from tree_rl.warmstart.demos import DemoGenerator, Demos
 from tree_rl.warmstart.experts import make_expert
@@ -131,7 +132,9 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   best = None                                     # (success, step, params) of the best check
   n = int(w.num_demos)
   step = 0
+  bar = console.progress(config, int(w.steps), "warm start")
   for step in range(1, int(w.steps) + 1):
+    bar.update(1)
     idx = jax.random.randint(jax.random.fold_in(k_train, step), (trainer.batch_size,), 0, n)
     losses.append(trainer.step(demos.tokens, demos.loss_mask, idx))
     if evaluate is not None and step % int(w.eval_every) == 0:
@@ -143,6 +146,7 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
       if success >= float(w.target_success):
         stopped = True
         break
+  bar.close()
   # A check that met the target is the best one; otherwise the best check beats the last step.
   _, returned_step, final = best if best is not None else (None, step, trainer.params_state())
   losses = [float(x) for x in jax.device_get(losses)]
