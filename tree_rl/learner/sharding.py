@@ -49,11 +49,11 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
   if len(names) != len(shape):
     raise ValueError(f"mesh.axis_names={names} and mesh.shape={shape} differ in length")
   try:  # topology-aware device order on TPU/GPU
-    from jax.experimental import mesh_utils
-    arr = mesh_utils.create_device_mesh(shape, devices)
+    return jax.make_mesh(shape, names, devices=devices,
+                         axis_types=(jax.sharding.AxisType.Auto,) * len(names))
   except Exception:  # other topologies: plain order, grouped by process
     arr = np.array(sorted(devices, key=lambda d: (d.process_index, d.id))).reshape(shape)
-  return Mesh(arr, names)
+    return Mesh(arr, names)
 
 
 def _rules(rules) -> dict[str, tuple[str, ...]]:

@@ -18,6 +18,7 @@ import optax
 from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from tree_rl import optim
 from tree_rl.learner import losses, sharding
 from tree_rl.learner.batches import LeafBatch, PackedBatch, packed_attention_mask
 from tree_rl.learner.logprobs import sequence_logprobs
@@ -33,23 +34,12 @@ class TrainState:
 
 
 def make_optimizer(lcfg) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """(optimizer, learning-rate schedule): AdamW (weight decay on matrices only) after
-  global-norm clipping, with linear warm-up."""
-  lr = float(lcfg.learning_rate)
-  warm = int(lcfg.warmup_steps)
-  if lcfg.lr_schedule == "constant":
-    after = optax.constant_schedule(lr)
-  elif lcfg.lr_schedule == "cosine":
-    after = optax.cosine_decay_schedule(lr, max(1, int(lcfg.total_steps) - warm))
-  else:
-    raise ValueError(f"learner.lr_schedule={lcfg.lr_schedule!r}; known: ('constant', 'cosine')")
-  schedule = after if warm <= 0 else optax.join_schedules(
-      [optax.linear_schedule(0.0, lr, warm), after], [warm])
-  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
-  parts = [optax.clip_by_global_norm(lcfg.grad_clip)] if lcfg.grad_clip > 0 else []
-  parts.append(optax.adamw(schedule, b1=lcfg.b1, b2=lcfg.b2, eps=lcfg.adam_eps,
-                           weight_decay=lcfg.weight_decay, mask=decay_mask))
-  return optax.chain(*parts), schedule
+  """(optimizer, learning-rate schedule) of `config.learner`: `optim.adamw` with a linear warm-up
+  into a constant or cosine (to 0 at `total_steps`) schedule."""
+  lr = optim.schedule(lcfg.learning_rate, kind=lcfg.lr_schedule, warmup_steps=lcfg.warmup_steps,
+                      total_steps=lcfg.total_steps, field="learner.lr_schedule")
+  return optim.adamw(lr, grad_clip=lcfg.grad_clip, weight_decay=lcfg.weight_decay, b1=lcfg.b1,
+                     b2=lcfg.b2, eps=lcfg.adam_eps), lr
 
 
 def _token_arrays(batch, lcfg) -> dict:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from tree_rl import console
+from tree_rl import console, optim
 from tree_rl.learner.logprobs import ATTENTION, sequence_logprobs
 from tree_rl.warmstart.demos import DemoGenerator, Demos
 from tree_rl.warmstart.experts import make_expert
@@ -41,15 +41,12 @@ def validate(w) -> None:
 
 
 def make_optimizer(w) -> optax.GradientTransformation:
-  """AdamW (decay on matrices) after optional clipping; linear warm-up then cosine to 10%."""
-  lr, steps = float(w.learning_rate), int(w.steps)
-  warm = min(int(w.warmup_steps), steps - 1)
-  schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(warm, 0), max(steps, warm + 1),
-                                                end_value=0.1 * lr)
-  parts = [optax.clip_by_global_norm(float(w.grad_clip))] if float(w.grad_clip) > 0 else []
-  parts.append(optax.adamw(schedule, weight_decay=float(w.weight_decay),
-                           mask=lambda p: jax.tree.map(lambda a: a.ndim >= 2, p)))
-  return optax.chain(*parts)
+  """`optim.adamw` with a linear warm-up, then cosine decay to 10% at `warmstart.steps`."""
+  steps = int(w.steps)
+  warm = max(min(int(w.warmup_steps), steps - 1), 0)
+  lr = optim.schedule(w.learning_rate, kind="cosine", warmup_steps=warm, total_steps=max(steps, warm + 1),
+                      end_fraction=0.1)
+  return optim.adamw(lr, grad_clip=w.grad_clip, weight_decay=w.weight_decay)
 
 
 def sft_loss(model, tokens, loss_mask, attention: str = "auto"):
