@@ -10,7 +10,10 @@ setup(
     name="tree_rl",
     version="0.1.0",
     description="Tree-structured rollouts (chain GRPO, Tree-GRPO, PATR) for multi-turn LLM agent RL",
-    packages=find_packages(include=["tree_rl", "tree_rl.*"]),
+    # configs/ and experiments/ are part of the user's interface: importable from any directory
+    # (`import configs.frozenlake`, `python -m experiments.train`).
+    packages=find_packages(include=["tree_rl", "tree_rl.*", "configs", "experiments",
+                                    "experiments.*"]),
     python_requires=">=3.11,<3.13",
     install_requires=[
         f"jax==0.10.2; {PY311}",

@@ -199,6 +199,22 @@ def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return config
 
 
+def _shipped_config_path(arg: str) -> str:
+  """`--config=configs/NAME.py[:args]` names the shipped config file when no such file is under
+  the working directory (a run started outside the repository root)."""
+  import os
+
+  prefix = "--config=configs/"
+  if not arg.startswith(prefix):
+    return arg
+  path, colon, rest = arg[len("--config="):].partition(":")
+  if os.path.exists(path):
+    return arg
+  import configs
+  shipped = os.path.join(os.path.dirname(configs.__file__), path[len("configs/"):])
+  return f"--config={shipped}{colon}{rest}" if os.path.exists(shipped) else arg
+
+
 def parse_flags_or_exit(argv):
   """absl flags parser for `app.run(main, flags_parser=...)`: a bad --config override
   (unknown field, wrong type) prints one clear line and exits with status 2. Library logs
@@ -208,7 +224,7 @@ def parse_flags_or_exit(argv):
   from tree_rl import console
 
   try:
-    rest = flags.FLAGS(argv)
+    rest = flags.FLAGS([_shipped_config_path(a) for a in argv])
     console.quiet_libraries()
     return rest
   except (AttributeError, KeyError, TypeError, ValueError, flags.Error) as e:

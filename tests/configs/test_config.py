@@ -1,6 +1,7 @@
 """Config files, `key=value` arguments, command-line overrides and their errors."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -191,3 +192,17 @@ def test_a_saved_config_round_trips_and_eval_overrides_are_limited_to_eval_field
     eval_config(str(tmp_path), other)
   with pytest.raises(FileNotFoundError, match="not a training run|config.json not found"):
     eval_config(str(tmp_path / "nope"))
+
+
+def test_configs_and_entry_points_work_outside_the_repository_root(tmp_path):
+  """The installed package brings configs/ and experiments/: a notebook elsewhere imports them,
+  and `--config=configs/frozenlake.py` finds the shipped file when the directory has none."""
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  run = lambda *a: subprocess.run([sys.executable, *a], cwd=str(tmp_path), env=env,  # noqa: E731
+                                  capture_output=True, text=True, timeout=300)
+  proc = run("-c", "import configs.frozenlake as f; print(f.get_config('algo=grpo').rollout.method)")
+  assert proc.returncode == 0 and proc.stdout.strip() == "chain", proc.stderr[-2000:]
+  proc = run("-m", "experiments.train", "--config=configs/frozenlake.py:algo=tree_grpo,smoke",
+             "--print_config")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert json.loads(proc.stdout)["rollout"]["method"] == "tree_grpo"
