@@ -60,3 +60,51 @@ def test_ids_outside_the_vocabulary_raise_in_both_tokenizers(hf_dir):
         tok.decode(bad)
   builtin = BuiltinTokenizer()
   assert builtin.decode([builtin.vocab_size - 1]) == ""   # an unused (padding) id: no text
+
+
+def greedy_longest_match(text, pieces, byte_offset):
+  """The built-in encoding written out: at each position the longest piece, else the UTF-8
+  bytes of one character."""
+  ids = {p: i for i, p in enumerate(pieces)}
+  longest = max(map(len, pieces))
+  out, i = [], 0
+  while i < len(text):
+    for n in range(min(longest, len(text) - i), 0, -1):
+      if text[i:i + n] in ids:
+        out.append(ids[text[i:i + n]])
+        i += n
+        break
+    else:
+      out.extend(byte_offset + b for b in text[i].encode("utf-8"))
+      i += 1
+  return out
+
+
+_TOK = BuiltinTokenizer()
+_PIECES = [p for p in _TOK._pieces if isinstance(p, str)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=3)), max_size=12))
+def test_builtin_encoding_is_greedy_longest_match_and_transformers_agrees(parts):
+  text = "".join(parts)
+  want = greedy_longest_match(text, _PIECES, len(_PIECES))
+  assert _TOK.encode(text) == want
+  assert _HF.encode(text, add_special_tokens=False) == want
+  assert _TOK.decode(want) == text
+
+
+_HF = _TOK.hf_tokenizer()
+
+
+def test_builtin_saves_as_a_tokenizer_transformers_loads(tmp_path):
+  from transformers import AutoTokenizer
+  _TOK.hf_tokenizer().save_pretrained(str(tmp_path))
+  loaded = AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
+  text = "<|im_start|>user\nYou are on a frozen lake. Move Up || Left é<|im_end|>\n"
+  assert loaded.encode(text, add_special_tokens=False) == _TOK.encode(text)
+  msgs = [{"role": "user", "content": "Question: who?"}]
+  assert loaded.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == \
+      _TOK.render_chat(msgs)
+  assert loaded.eos_token_id == _TOK.eos_id and loaded.pad_token_id == _TOK.pad_id
+  assert loaded.convert_tokens_to_ids("<|im_end|>") == _TOK.end_of_turn_id

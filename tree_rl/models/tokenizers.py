@@ -1,8 +1,11 @@
 """Tokenizers behind one small interface: a local HF tokenizer, or the built-in one.
 
 The built-in tokenizer needs no download: special tokens, a fixed list of whole-word pieces
-for the FrozenLake and tool-call texts, and a byte fallback, so every string round-trips.
-Encoding is greedy longest match, deterministic and identical on every machine.
+for the FrozenLake and tool-call texts, and a byte fallback, so every string round-trips. It is
+a `tokenizers.Tokenizer` (the pieces are added tokens, matched leftmost-longest; everything
+between them falls back to `<0xNN>` byte tokens of a BPE model without merges), so encoding is
+greedy longest match, identical on every machine, and `hf_tokenizer()` saves it as a
+`PreTrainedTokenizerFast` with its ChatML chat template that transformers loads.
 """
 
 from __future__ import annotations
@@ -75,32 +78,47 @@ def _checked_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
   return ids
 
 
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def _byte_token(b: int) -> str:
+  return f"<0x{b:02X}>"
+
+
 class BuiltinTokenizer(Tokenizer):
   """Specials, whole-word pieces, then the 256 bytes; ChatML chat format."""
 
   def __init__(self, extra_words: Sequence[str] = ()):
-    pieces = list(SPECIALS) + list(dict.fromkeys(list(WORDS) + list(extra_words)))
+    from tokenizers import AddedToken, Tokenizer as Core, decoders, models
+
+    words = [w for w in dict.fromkeys(list(WORDS) + list(extra_words)) if w not in SPECIALS]
+    pieces = list(SPECIALS) + words
     self._pieces: list[str | bytes] = pieces + [bytes([b]) for b in range(256)]
     self._byte_offset = len(pieces)
-    self._ids = {p: i for i, p in enumerate(pieces)}
-    self._max_len = max(len(p) for p in pieces)
+    vocab = {p: i for i, p in enumerate(pieces)}
+    vocab.update({_byte_token(b): len(pieces) + b for b in range(256)})
+    core = Core(models.BPE(vocab=vocab, merges=[], byte_fallback=True))
+    core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
+    core.add_tokens([AddedToken(t, special=False, normalized=False) for t in words])
+    core.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    self.core = core
     self.vocab_size = max(_RESERVED_TO, -(-len(self._pieces) // 64) * 64)
     self.pad_id, self.eos_id = 0, 1
-    self.end_of_turn_id = self._ids["<|im_end|>"]
+    self.end_of_turn_id = vocab["<|im_end|>"]
 
   def encode(self, text: str) -> list[int]:
-    ids, i = [], 0
-    while i < len(text):
-      for n in range(min(self._max_len, len(text) - i), 0, -1):
-        piece_id = self._ids.get(text[i:i + n])
-        if piece_id is not None:
-          ids.append(piece_id)
-          i += n
-          break
-      else:
-        ids.extend(self._byte_offset + b for b in text[i].encode("utf-8"))
-        i += 1
-    return ids
+    return self.core.encode(text, add_special_tokens=False).ids
+
+  def hf_tokenizer(self):
+    """This tokenizer as a `transformers.PreTrainedTokenizerFast` (for `save_pretrained`)."""
+    from transformers import PreTrainedTokenizerFast
+    tok = PreTrainedTokenizerFast(tokenizer_object=self.core, eos_token="<|endoftext|>",
+                                  pad_token="<pad>", additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tok.chat_template = CHATML_TEMPLATE
+    return tok
 
   def decode(self, ids: Sequence[int]) -> str:
     """Text of `ids`; ids past the pieces but inside the (padded) vocabulary are unused and stand
