@@ -76,8 +76,12 @@ def new_cache(parts: Parts, params):
 
 
 def _to_model(parts: Parts, params) -> nnx.Module:
-  """The policy model carrying `params` (float32 master weights cast to the model's dtypes)."""
-  graphdef, state = nnx.split(parts.model)
+  return model_with(parts.model, params)
+
+
+def model_with(model: nnx.Module, params) -> nnx.Module:
+  """A copy of `model` carrying `params` (float32 master weights cast to the model's dtypes)."""
+  graphdef, state = nnx.split(model)
   pure = nnx.to_pure_dict(state)
   cast = jax.tree.map(lambda new, old: jnp.asarray(new, old.dtype), params, pure)
   nnx.replace_by_pure_dict(state, cast)
@@ -269,8 +273,16 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
   exactly as the training loop does (same eval key): with the run's own config this reproduces
   the eval row logged at that step; raise `train.eval_samples` for a tighter sampled estimate."""
   parts = build_parts(config)
+  step, params = restore_params(parts.train_step, workdir, step)
+  metrics, _ = parts.evaluator(new_cache(parts, params), _eval_key(config))
+  return {"step": step} | metrics
+
+
+def restore_params(train_step, workdir: str, step: int | None = None) -> tuple[int, Any]:
+  """(step, float32 policy params) of the checkpoint at `step` (default the latest) in
+  `workdir`, verified against its digests."""
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
-  train_state = jax.eval_shape(parts.train_step.init)
+  train_state = jax.eval_shape(train_step.init)
   saved = ckpt.all_steps()
   if not saved or (step is not None and step not in saved):
     ckpt.close()
@@ -279,9 +291,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
   restored = ckpt.restore(_checkpoint_state(train_state, train_state.params), step)
   ckpt.close()
   step, state, _ = restored
-  params = state["train"].params
-  metrics, _ = parts.evaluator(new_cache(parts, params), _eval_key(config))
-  return {"step": step} | metrics
+  return step, state["train"].params
 
 
 def _warm_start(parts: Parts) -> tuple[Any, dict]:

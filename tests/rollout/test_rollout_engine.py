@@ -246,15 +246,6 @@ def test_a_task_drawn_twice_gets_two_advantage_groups():
     learner_batches(cfg, shared)
 
 
-def test_budget_mode_stops_new_work():
-  free, _ = cached("chain")
-  capped, _ = cached("chain", budget=12, budget_unit="generated")
-  spent = np.asarray(capped.budget.generated)
-  assert (spent >= 12).all() and (spent < np.asarray(free.budget.generated)).all()
-  # a turn in flight finishes: at most one turn per active branch past the budget
-  assert (spent <= 12 + 4 * 6).all()
-
-
 # Budget cap. Map 0 (prompt 0): every branch runs exactly to the turn limit (the hole is three
 # moves away, the goal six), so a branch from a node at depth d takes exactly 3 - d env steps.
 NO_PRUNE = dict(prune_repeat=0, prune_alpha=100.0)

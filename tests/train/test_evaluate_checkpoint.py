@@ -50,3 +50,46 @@ def test_eval_of_a_checkpoint_is_reproducible_and_matches_the_log(tmp_path, data
   proc = _evaluate_cli(f"--workdir={workdir}", "--config.rollout.temperature=0.5")
   assert proc.returncode == 2 and "rollout.temperature=0.5 (run: 1.0)" in proc.stderr
 
+
+  # Export: an HF checkpoint + tokenizer that transformers loads and that generates the sampler's
+  # greedy tokens.
+  out = str(tmp_path / "hf")
+  proc = subprocess.run([sys.executable, "-m", "experiments.export", f"--workdir={workdir}",
+                         "--step=2", f"--out={out}"], cwd=ROOT, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert json.loads(proc.stdout.strip().splitlines()[-1])["step"] == 2
+  _greedy_matches_transformers(config, workdir, out)
+
+
+def _greedy_matches_transformers(config, workdir, out, new=8):
+  import jax
+  import jax.numpy as jnp
+  import torch
+  from transformers import AutoModelForCausalLM, AutoTokenizer
+
+  from tree_rl import sampling
+  from tree_rl.learner.train_step import make_train_step
+  from tree_rl.models import build_model, build_tokenizer
+  from tree_rl.train import model_with, restore_params
+
+  tok = build_tokenizer(config)
+  model, _ = build_model(config, tok)
+  _, params = restore_params(make_train_step(config, model), workdir, 2)
+  policy = model_with(model, params)
+  hf_tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+  hf = AutoModelForCausalLM.from_pretrained(out, local_files_only=True, dtype=torch.float32)
+  msgs = [{"role": "user", "content": "You are on a frozen lake. Move Up or Left?"}]
+  ids = tok.encode_chat(msgs)
+  assert hf_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == \
+      tok.render_chat(msgs)
+  assert hf_tok.encode(tok.render_chat(msgs), add_special_tokens=False) == ids
+  cache = sampling.init_cache(policy, max_seqs=1, num_pages=8, max_pages_per_seq=8, kv_dtype="float32")
+  slot = jnp.zeros((1,), jnp.int32)
+  cache, _ = sampling.prefill(cache, slot, jnp.asarray([ids], jnp.int32), jnp.asarray([len(ids)]))
+  _, got = sampling.decode(cache, slot, jax.random.key(0), max_new=new, temperature=0.0)
+  ours = [int(t) for t in got.tokens[0] if t >= 0]
+  with torch.no_grad():
+    full = hf.generate(torch.tensor([ids]), max_new_tokens=len(ours), do_sample=False,
+                       eos_token_id=None, pad_token_id=tok.pad_id)
+  assert full[0, len(ids):].tolist() == ours

@@ -162,6 +162,10 @@ class HFTokenizer(Tokenizer):
   def encode(self, text):
     return self._tok.encode(text, add_special_tokens=False)
 
+  def hf_tokenizer(self):
+    """The underlying transformers tokenizer (for `save_pretrained`)."""
+    return self._tok
+
   def decode(self, ids):
     return self._tok.decode(_checked_ids(ids, self.vocab_size), skip_special_tokens=False)
 
