@@ -97,10 +97,19 @@ def test_builtin_encoding_is_greedy_longest_match_and_transformers_agrees(parts)
 _HF = _TOK.hf_tokenizer()
 
 
-def test_builtin_saves_as_a_tokenizer_transformers_loads(tmp_path):
+@pytest.mark.parametrize("beside", [None, "qwen2"])
+def test_builtin_saves_as_a_tokenizer_transformers_loads(tmp_path, beside):
+  """Alone, and beside an exported model's config.json (which makes AutoTokenizer pick the
+  model type's tokenizer class)."""
+  import json as _json
   from transformers import AutoTokenizer
   _TOK.hf_tokenizer().save_pretrained(str(tmp_path))
+  if beside:
+    (tmp_path / "config.json").write_text(_json.dumps({"model_type": beside}))
   loaded = AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
+  for text in ("Move Up or Left? é ∆", "a  b\t\n\n\nc", "P_O\n__G"):
+    assert loaded.encode(text, add_special_tokens=False) == _TOK.encode(text)
+    assert loaded.decode(_TOK.encode(text)) == text
   text = "<|im_start|>user\nYou are on a frozen lake. Move Up || Left é<|im_end|>\n"
   assert loaded.encode(text, add_special_tokens=False) == _TOK.encode(text)
   msgs = [{"role": "user", "content": "Question: who?"}]

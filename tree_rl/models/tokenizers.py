@@ -3,9 +3,10 @@
 The built-in tokenizer needs no download: special tokens, a fixed list of whole-word pieces
 for the FrozenLake and tool-call texts, and a byte fallback, so every string round-trips. It is
 a `tokenizers.Tokenizer` (the pieces are added tokens, matched leftmost-longest; everything
-between them falls back to `<0xNN>` byte tokens of a BPE model without merges), so encoding is
-greedy longest match, identical on every machine, and `hf_tokenizer()` saves it as a
-`PreTrainedTokenizerFast` with its ChatML chat template that transformers loads.
+between them is one byte-level token per byte, a BPE model without merges), so encoding is
+greedy longest match, identical on every machine, and `hf_tokenizer()` saves it with its ChatML
+chat template in a form transformers loads back (also as the Qwen2 tokenizer an exported
+checkpoint's config selects).
 """
 
 from __future__ import annotations
@@ -84,26 +85,43 @@ CHATML_TEMPLATE = (
     "{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
-def _byte_token(b: int) -> str:
-  return f"<0x{b:02X}>"
+def _byte_symbols() -> list[str]:
+  """The byte-level BPE alphabet (GPT-2's): byte b -> one printable character."""
+  keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+  out, extra = {}, 0
+  for b in range(256):
+    if b in keep:
+      out[b] = chr(b)
+    else:
+      out[b] = chr(256 + extra)
+      extra += 1
+  return [out[b] for b in range(256)]
 
 
 class BuiltinTokenizer(Tokenizer):
-  """Specials, whole-word pieces, then the 256 bytes; ChatML chat format."""
+  """Specials, whole-word pieces, then the 256 bytes; ChatML chat format.
+
+  A single-byte piece would only duplicate its byte token, so pieces are the specials and the
+  words of two or more bytes; everything else is one token per UTF-8 byte. The `tokenizers`
+  form is byte-level BPE without merges plus the pieces as added tokens, the layout
+  transformers' Qwen2 tokenizer reads back unchanged.
+  """
 
   def __init__(self, extra_words: Sequence[str] = ()):
-    from tokenizers import AddedToken, Tokenizer as Core, decoders, models
+    from tokenizers import AddedToken, Tokenizer as Core, decoders, models, pre_tokenizers
 
-    words = [w for w in dict.fromkeys(list(WORDS) + list(extra_words)) if w not in SPECIALS]
+    words = [w for w in dict.fromkeys(list(WORDS) + list(extra_words))
+             if w not in SPECIALS and len(w.encode("utf-8")) > 1]
     pieces = list(SPECIALS) + words
     self._pieces: list[str | bytes] = pieces + [bytes([b]) for b in range(256)]
     self._byte_offset = len(pieces)
     vocab = {p: i for i, p in enumerate(pieces)}
-    vocab.update({_byte_token(b): len(pieces) + b for b in range(256)})
-    core = Core(models.BPE(vocab=vocab, merges=[], byte_fallback=True))
+    vocab.update({c: len(pieces) + b for b, c in enumerate(_byte_symbols())})
+    core = Core(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
     core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
     core.add_tokens([AddedToken(t, special=False, normalized=False) for t in words])
-    core.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
     self.core = core
     self.vocab_size = max(_RESERVED_TO, -(-len(self._pieces) // 64) * 64)
     self.pad_id, self.eos_id = 0, 1
