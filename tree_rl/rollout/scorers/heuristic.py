@@ -1,0 +1,70 @@
+"""Scorers without a model: `random` (Tree-Random) and `heuristic` (the env's progress signal),
+and the built-in envs' progress signals."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from tree_rl import envs
+from tree_rl.rollout.scorers.base import per_state, register
+
+
+# ---------------------------------------------------------------------------------------------
+# random
+
+
+@register("random")
+def make_random(cfg, **_):
+  """Uniform scores: PATR's routing with this scorer is Tree-Random."""
+  del cfg
+
+  def score(weights, batch, key):
+    del weights
+    return jax.random.uniform(key, batch.mask.shape)
+
+  return score
+
+
+# ---------------------------------------------------------------------------------------------
+# heuristic: observable progress signals, one function per environment, registered with the env
+# (`tree_rl.envs.register(name, factory, heuristic=fn)`, fn(env, env_params, state, root_state)
+# -> [0, 1] for one unbatched state).
+
+
+@register("heuristic")
+def make_heuristic(cfg, *, env=None, env_params=None, **_):
+  """Progress of the env state: FrozenLake BFS distance, tool-call facts retrieved, ..."""
+  del cfg
+  name = getattr(env, "name", None)
+  try:
+    one = envs.entry(name).part("heuristic")
+  except KeyError as e:
+    raise ValueError(f"no heuristic process score for env {name!r}: {e.args[0]}") from None
+
+  def score(weights, batch, key):
+    del weights, key
+    return per_state(one, env, env_params, batch)
+
+  return score
+
+
+# ---------------------------------------------------------------------------------------------
+# the built-in envs' heuristics (registered in tree_rl.envs)
+
+
+def frozenlake_progress(env, env_params, state, root_state):
+  """1 - d / d0 with d the BFS moves left to the goal and d0 those at the episode start;
+  1 on the goal, 0 in a hole (or when the goal became unreachable)."""
+  del env_params
+  d = env.distance_to_goal(state).astype(jnp.float32)
+  d0 = env.distance_to_goal(root_state).astype(jnp.float32)
+  prog = 1.0 - d / jnp.maximum(d0, 1.0)
+  prog = jnp.where(d < 0, 0.0, prog)
+  return jnp.where(state.won, 1.0, jnp.where(state.fell, 0.0, jnp.clip(prog, 0.0, 1.0)))
+
+
+def toolcall_progress(env, env_params, state, root_state):
+  """Fraction of the facts the question needs that searches have shown; 1 once answered right."""
+  del env_params, root_state
+  return jnp.where(state.correct, 1.0, env.retrieval_progress(state).astype(jnp.float32))

@@ -1,0 +1,125 @@
+"""What model scorers run on, built from models (the sampler as a judge's generator, a jitted
+forward as a PRM's), and `from_config`."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from tree_rl.rollout.scorers.base import Scorer, build
+from tree_rl.rollout.scorers.judge import judge_prompt
+
+
+# ---------------------------------------------------------------------------------------------
+# resources: the sampler as a judge's text generator, a model as a PRM's forward. Both take the
+# weights per call (flat, as `sampling.Cache.params`) and check they fit the model they were
+# built for.
+
+
+def model_weights(model) -> tuple:
+  """The flat weights of an NNX model, in the layout of `sampling.Cache.params`."""
+  from flax import nnx
+  return tuple(jax.tree.leaves(nnx.split(model)[1]))
+
+
+def sampler_generate(model, *, max_seqs: int, max_len: int, max_new: int, stop_ids,
+                     page_size: int = 16, kv_dtype: str = "float32", num_pages: int | None = None):
+  """`generate(weights, tokens [B, L], lengths [B], key) -> (new_tokens [B, max_new], lengths [B])`:
+  greedy decoding through the paged sampler of `model`'s architecture with `weights`. One
+  cache is reused: rebound to the call's weights, released and unbound after every call."""
+  from tree_rl import sampling
+
+  pages_per_seq = -(-(max_len + max_new + 1) // page_size)
+  box = [sampling.unbind(sampling.init_cache(
+      model, max_seqs=max_seqs, page_size=page_size, kv_dtype=kv_dtype,
+      num_pages=num_pages or max_seqs * pages_per_seq, max_pages_per_seq=pages_per_seq))]
+  stops = tuple(stop_ids)
+
+  def generate(weights, tokens, lengths, key):
+    b = tokens.shape[0]
+    if b > max_seqs:
+      raise ValueError(f"judge batch {b} exceeds the judge cache's {max_seqs} sequences")
+    slots = jnp.arange(b, dtype=jnp.int32)
+    valid = lengths > 0
+    cache = sampling.rebind(box[0], weights)
+    cache, _ = sampling.prefill(cache, slots, tokens, jnp.maximum(lengths, 1), valid,
+                                read_cache=False)
+    cache, out = sampling.decode(cache, slots, key, max_new=max_new, stop_ids=stops,
+                                 temperature=0.0, valid=valid)
+    box[0] = sampling.unbind(sampling.release(cache, slots))
+    return jnp.where(out.tokens >= 0, out.tokens, 0), jnp.where(valid, out.lengths, 0)
+
+  generate.host = True  # calls the sampler's host API: not jittable as a whole
+  return generate
+
+
+def dense_lm(model):
+  """`lm(weights, tokens, positions) -> logits`: a jitted causal forward of `model`'s
+  architecture with the given flat weights (`model_weights` layout)."""
+  from flax import nnx
+
+  graphdef, state = nnx.split(model)
+  leaves, treedef = jax.tree.flatten(state)
+  shapes = [(x.shape, x.dtype) for x in leaves]
+
+  @jax.jit
+  def fwd(weights, tokens, positions):
+    return nnx.merge(graphdef, jax.tree.unflatten(treedef, list(weights)))(tokens, positions)
+
+  def lm(weights, tokens, positions):
+    weights = tuple(weights)
+    if [(x.shape, x.dtype) for x in weights] != shapes:
+      raise ValueError(f"scorer 'prm': the {len(weights)} weight arrays passed do not fit its "
+                       f"model ({len(shapes)} arrays): another architecture?")
+    return fwd(weights, tokens, positions)
+
+  lm.host = True
+  return lm
+
+
+def from_config(config, *, env=None, tokenizer=None, policy_model=None, judge_model=None,
+                prm_model=None, max_batch: int = 256, name: str | None = None) -> Scorer:
+  """The scorer of `config.scorer` with the resources it needs built from the given models.
+
+  judge / prm: `config.scorer.judge_model` / `prm_model` = 'policy' reads the policy's weights
+  at every call (`policy_model` gives the architecture); 'hf' holds a fixed checkpoint: the
+  `judge_model` / `prm_model` given, else the one at `judge_hf_path` / `prm_hf_path`.
+  `name` overrides config.scorer.name.
+  """
+  sc = config.scorer
+  if name is not None:
+    sc = sc.copy_and_resolve_references()
+    sc.name = name
+  res = dict(env=env, env_params=getattr(env, "default_params", None), tokenizer=tokenizer)
+  if sc.name not in ("judge", "prm"):
+    return build(sc, **res)
+  model, weights_from = _scorer_model(sc, sc.name, policy_model,
+                                      judge_model if sc.name == "judge" else prm_model)
+  if sc.name == "judge":
+    prompt = judge_prompt(sc, env, tokenizer)
+    res["generate"] = sampler_generate(
+        model, max_seqs=max_batch, max_len=prompt.width + int(sc.judge_context_tokens),
+        max_new=int(sc.judge_max_tokens), stop_ids=tokenizer.stop_ids)
+  else:
+    res["lm"] = dense_lm(model)
+  return build(sc, weights_from=weights_from,
+               weights=model_weights(model) if weights_from == "own" else None, **res)
+
+
+def _scorer_model(sc, kind: str, policy_model, own_model):
+  """(model, weights_from) of the judge or the PRM under `config.scorer.{kind}_model`."""
+  which = sc[f"{kind}_model"]
+  if which not in ("policy", "hf"):
+    raise ValueError(f"config.scorer.{kind}_model={which!r}; known: policy, hf")
+  if which == "policy":
+    if policy_model is None:
+      raise ValueError(f"scorer {kind!r} with {kind}_model='policy' needs the policy model")
+    return policy_model, "policy"
+  if own_model is None:
+    path = sc[f"{kind}_hf_path"]
+    if not path:
+      raise ValueError(f"config.scorer.{kind}_hf_path must name a local checkpoint when "
+                       f"{kind}_model=hf")
+    from tree_rl.models.hf_io import load_hf_checkpoint
+    own_model, _ = load_hf_checkpoint(path)   # must share the policy's tokenizer
+  return own_model, "own"
