@@ -25,7 +25,7 @@ def export_hf(workdir: str, out: str, step: int | None = None, config=None) -> d
   config = config if config is not None else eval_config(workdir)
   tokenizer = build_tokenizer(config)
   model, model_config = build_model(config, tokenizer, seed=int(config.seed))
-  step, params = restore_params(make_train_step(config, model), workdir, step)
+  step, params = restore_params(make_train_step(config, model), workdir, step, tokenizer)
   save_hf_checkpoint(model_with(model, params), model_config, out)
   tokenizer.hf_tokenizer().save_pretrained(out)
   return {"step": step, "out": out, "params": int(sum(p.size for p in jax.tree.leaves(params)))}

@@ -214,7 +214,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
       flush=True)
   p = int(config.rollout.prompts_per_step)
   meta = lambda step: {"step": step, "data_position": step * p, "history": history,
-                       "config": config.to_json()}
+                       "config": config.to_json(), "tokenizer": parts.tokenizer.fingerprint()}
   if restored is None:
     writer.truncate_after(-1)   # rows of an attempt killed before its first checkpoint
     warm_params, warm_stats = _warm_start(parts)
@@ -228,6 +228,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     ckpt.save(0, _checkpoint_state(train_state, ref_params), meta(0), metrics=before)
   else:
     step, state, saved = restored
+    check_tokenizer(saved, parts.tokenizer, ckpt.directory)
     train_state, ref_params = state["train"], state["ref_params"]
     history = saved.get("history", {})
     cache = new_cache(parts, train_state.params)
@@ -273,14 +274,26 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
   exactly as the training loop does (same eval key): with the run's own config this reproduces
   the eval row logged at that step; raise `train.eval_samples` for a tighter sampled estimate."""
   parts = build_parts(config)
-  step, params = restore_params(parts.train_step, workdir, step)
+  step, params = restore_params(parts.train_step, workdir, step, parts.tokenizer)
   metrics, _ = parts.evaluator(new_cache(parts, params), _eval_key(config))
   return {"step": step} | metrics
 
 
-def restore_params(train_step, workdir: str, step: int | None = None) -> tuple[int, Any]:
+def check_tokenizer(meta: dict, tokenizer, directory: str) -> None:
+  """Refuse a checkpoint saved with a tokenizer whose ids mean other tokens (older checkpoints
+  carry no fingerprint and are taken as they are)."""
+  from tree_rl.checkpointing import CheckpointRestoreError
+  saved = meta.get("tokenizer")
+  if saved is not None and saved != tokenizer.fingerprint():
+    raise CheckpointRestoreError(
+        f"the checkpoint in {directory} was saved with another tokenizer (fingerprint {saved}, "
+        f"now {tokenizer.fingerprint()}): its token ids would mean other tokens")
+
+
+def restore_params(train_step, workdir: str, step: int | None = None, tokenizer=None
+                   ) -> tuple[int, Any]:
   """(step, float32 policy params) of the checkpoint at `step` (default the latest) in
-  `workdir`, verified against its digests."""
+  `workdir`, verified against its digests (and, given `tokenizer`, its tokenizer)."""
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
   train_state = jax.eval_shape(train_step.init)
   saved = ckpt.all_steps()
@@ -290,7 +303,9 @@ def restore_params(train_step, workdir: str, step: int | None = None) -> tuple[i
                             f"{ckpt.directory} (saved steps: {saved})")
   restored = ckpt.restore(_checkpoint_state(train_state, train_state.params), step)
   ckpt.close()
-  step, state, _ = restored
+  step, state, meta = restored
+  if tokenizer is not None:
+    check_tokenizer(meta, tokenizer, ckpt.directory)
   return step, state["train"].params
 
 

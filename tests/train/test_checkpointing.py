@@ -149,3 +149,15 @@ def test_digest_is_the_same_on_host_and_on_device():
     words = np.ascontiguousarray(np.asarray(x)).reshape(-1).view(digest._WORD[x.dtype.itemsize])
     host = [int(v) for v in digest._checksum(words.astype(np.uint32), np)]
     assert [int(v) for v in digest._device_checksum(x)] == host
+
+
+def test_a_checkpoint_of_another_tokenizer_is_refused_in_one_line():
+  from tree_rl.checkpointing import CheckpointRestoreError
+  from tree_rl.models.tokenizers import BuiltinTokenizer
+  from tree_rl.train import check_tokenizer
+  tok, other = BuiltinTokenizer(), BuiltinTokenizer(extra_words=["Lake"])
+  assert tok.fingerprint() == BuiltinTokenizer().fingerprint() != other.fingerprint()
+  check_tokenizer({"tokenizer": tok.fingerprint()}, tok, "ckpt")      # the same: accepted
+  check_tokenizer({}, tok, "ckpt")                                    # none recorded: accepted
+  with pytest.raises(CheckpointRestoreError, match="saved with another tokenizer"):
+    check_tokenizer({"tokenizer": other.fingerprint()}, tok, "ckpt")

@@ -60,6 +60,13 @@ class Tokenizer(abc.ABC):
   def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
     return self.encode(self.render_chat(messages, add_generation_prompt))
 
+  def fingerprint(self) -> str:
+    """A digest of the id -> text mapping: checkpoints record it, so a policy is never resumed
+    or evaluated with a tokenizer whose ids mean other tokens."""
+    import hashlib
+    text = "\x00".join(self.decode([i]) for i in range(self.vocab_size))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
   @property
   def stop_ids(self) -> tuple[int, ...]:
     """Token ids that end an agent turn."""
@@ -183,6 +190,11 @@ class HFTokenizer(Tokenizer):
   def hf_tokenizer(self):
     """The underlying transformers tokenizer (for `save_pretrained`)."""
     return self._tok
+
+  def fingerprint(self) -> str:
+    import hashlib
+    items = sorted((i, t) for t, i in self._tok.get_vocab().items())
+    return hashlib.sha256(repr(items).encode("utf-8")).hexdigest()[:16]
 
   def decode(self, ids):
     return self._tok.decode(_checked_ids(ids, self.vocab_size), skip_special_tokens=False)
