@@ -5,6 +5,7 @@ import os
 import jax
 import numpy as np
 
+from configs.common import apply
 from tree_rl.checkpointing import Checkpointer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -13,9 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def smoke(module, algo, data_dir, **overrides):
   c = module.get_config(f"algo={algo},smoke")
   c.env.data_dir = data_dir
-  for key, value in overrides.items():
-    section, field = key.split(".")
-    c[section][field] = value
+  apply(c, overrides)
   return c
 
 

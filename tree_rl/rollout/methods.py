@@ -150,7 +150,7 @@ class PATR(RolloutMethod):
   def first(self, tree, pstate):
     p = tree.num_prompts
     parents = jnp.where(jnp.arange(self.slots) < self.initial_branches, 0, -1)
-    return jnp.broadcast_to(parents, (p, self.slots)).astype(jnp.int32), pstate + self.initial_branches
+    return jnp.broadcast_to(parents, (p, self.slots)).astype(jnp.int32), pstate
 
   def next(self, tree, frontier, pstate, scores, key):
     go = alive(tree, frontier)
@@ -164,8 +164,7 @@ class PATR(RolloutMethod):
           children=self.expand_children, room=m))(scores, go, run, room)
     parents, _ = jax.vmap(lambda f, m: routing.expand_plan(f, m, self.slots))(
         frontier, route.multiplicity)
-    started = pstate + jnp.sum(route.expand, axis=1) * (self.expand_children - 1)
-    return parents, started.astype(jnp.int32), route.prune
+    return parents, pstate, route.prune
 
   def keep_leaves(self, tree, key):
     """The group: every leaf, less the pruned ones unless `keep_pruned`; with `keep_best` = n,
