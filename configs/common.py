@@ -12,13 +12,29 @@ ALGOS = {
     "tree_grpo": ("tree_grpo", "tree_grpo", "token_mean"),
     "patr": ("patr", "grpo", "traj_mean_group_mean"),
     "tree_random": ("tree_random", "grpo", "traj_mean_group_mean"),
+    "dapo": ("chain", "grpo", "token_mean"),
+    "gigpo": ("chain", "gigpo", "token_mean"),
+}
+# Each algorithm's own recipe beyond the triple (set after the model presets, so they win).
+# DAPO (arXiv 2503.14476): clip-higher (0.2 / 0.28), token-level loss (above), no KL, dynamic
+# sampling, overlong reward shaping (a window of 20% of the length limit; a reply cut by the
+# per-turn limit counts as overlong: -1). GiGPO (arXiv 2505.10978): step weight 1, gamma 0.95;
+# its public code trains with verl's token mean.
+RECIPES = {
+    "dapo": {"learner.clip_low": 0.2, "learner.clip_high": 0.28, "learner.kl_coef": 0.0,
+             "rollout.dynamic_sampling": True, "learner.overlong_window": 0.2,
+             "learner.overlong_truncated": "penalize"},
+    "gigpo": {"learner.step_weight": 1.0, "learner.step_gamma": 0.95},
 }
 
 
 def apply_algo(c, algo: str):
+  """The algorithm's rollout method, estimator, aggregation and recipe; call it after
+  `apply_model` (the papers' RL setting would otherwise overwrite DAPO's clipping and KL)."""
   if algo not in ALGOS:
     raise KeyError(f"unknown algo {algo!r}; known: {sorted(ALGOS)}")
   c.rollout.method, c.learner.advantage, c.learner.aggregation = ALGOS[algo]
+  apply(c, RECIPES.get(algo, {}))
 
 
 # The papers' RL setting for a pretrained policy (PATR's FrozenLake table, REFERENCE section 2:

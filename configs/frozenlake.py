@@ -12,7 +12,7 @@ Run:
   python -m experiments.train --config=configs/frozenlake.py:algo=patr,model=tiny --workdir=runs/fl
 Smoke (a minute or two on a CPU):
   python -m experiments.train --config=configs/frozenlake.py:algo=tree_grpo,smoke --workdir=runs/fl_smoke
-algo: grpo | rloo | chain | tree_grpo | patr | tree_random;  model: tiny | small | hf (with hf_path=...).
+algo: grpo | rloo | chain | tree_grpo | patr | tree_random | dapo | gigpo;  model: tiny | small | hf (with hf_path=...).
 Any field can be overridden, e.g. --config.rollout.temperature=0.7
 """
 
@@ -24,7 +24,6 @@ def get_config(arg=None):
   args = parse_arg(arg, algo="patr", model="tiny", hf_path="", smoke=False)
   c = base_config()
   c.env.name = "frozenlake"
-  apply_algo(c, args.algo)
   # PATR's FrozenLake rollout: B0=4 branches, M=2 children, scored every K=5 steps, 10 turns;
   # the GRPO baseline samples 8 per prompt.
   c.rollout.max_turns = 10
@@ -36,6 +35,7 @@ def get_config(arg=None):
     c.env.preset, c.env.goal_hint = "rllm", False   # the papers' maps; the agent reads the grid
   else:
     _cpu_scale(c)
+  apply_algo(c, args.algo)
   if args.smoke:
     apply_smoke(c)
   return lock(c)

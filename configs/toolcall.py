@@ -7,7 +7,7 @@ Run:
   python -m experiments.train --config=configs/toolcall.py:algo=tree_grpo,model=tiny --workdir=runs/qa
 Smoke:
   python -m experiments.train --config=configs/toolcall.py:algo=patr,smoke --workdir=runs/qa_smoke
-algo: grpo | rloo | chain | tree_grpo | patr | tree_random;  model: tiny | small | hf (with hf_path=...).
+algo: grpo | rloo | chain | tree_grpo | patr | tree_random | dapo | gigpo;  model: tiny | small | hf (with hf_path=...).
 """
 
 from configs.common import apply_algo, apply_model, apply_smoke
@@ -19,11 +19,11 @@ def get_config(arg=None):
   c = base_config()
   c.env.name, c.env.preset = "toolcall", "default"
   c.rollout.max_turns = 6    # up to 3 hops of search, then the answer
-  apply_algo(c, args.algo)
   apply_model(c, args.model, args.hf_path)
   if args.model != "hf":
     c.rollout.max_tokens_per_turn = 24          # <search>a few words</search> or <answer>name</answer>
     c.sampler.num_pages = 8192                  # patr / tree_random / grpo need up to 8,144 pages here
+  apply_algo(c, args.algo)
   c.warmstart.max_len = 512                     # the question prompt alone is ~200 tokens
   if args.smoke:
     apply_smoke(c)

@@ -200,21 +200,22 @@ def main(argv):
     outs.append(out)
     return out, c
   train.run = run_and_keep
-  real_batches = from_rollout.learner_batches
+  real_batches = from_rollout.make_batches
 
-  def batches_and_count(cfg, out, row_multiple=1):
-    batches = real_batches(cfg, out, row_multiple)
+  def batches_and_count(cfg, trees, row_multiple=1):
+    batches = real_batches(cfg, trees, row_multiple)
     epochs = int(cfg.train.ppo_epochs)
     meter.tokens["learner/update"][1] += epochs * sum(int(np.prod(b.tokens.shape)) for b in batches)
     return batches
-  train.learner_batches = batches_and_count
+  from_rollout.make_batches = batches_and_count
   rows = []
-  p = int(config.rollout.prompts_per_step)
+  position = 0
   for step in range(1 + _STEPS.value):
     before = meter.snapshot()
     compiles0 = meter.compiles
     t, cpu = time.perf_counter(), time.process_time()
-    state, cache, metrics = train.rl_step(parts, state, ref, cache, step, step * p)
+    state, cache, metrics, drawn = train.rl_step(parts, state, ref, cache, step, position)
+    position += drawn
     cache = jax.block_until_ready(train.sampling.reset(cache, train._to_model(parts, state.params)))
     wall, cpu = time.perf_counter() - t, time.process_time() - cpu
     after = meter.snapshot()

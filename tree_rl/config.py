@@ -95,6 +95,9 @@ def base_config() -> ml_collections.ConfigDict:
       max_branches=16,          # patr / tree_random: cap on branches started per prompt
       budget=0,                 # per-prompt budget in budget_unit; 0 = unlimited
       budget_unit="generated",  # generated | computed (generated + prefilled) | tool_calls | env_steps
+      dynamic_sampling=False,   # DAPO: drop groups whose outcome rewards are all equal and draw more prompts
+                                # until prompts_per_step informative groups (or max_draws rollouts)
+      max_draws=3,              # dynamic sampling: rollouts of prompts_per_step prompts per RL step at most
   )
   c.scorer = dict(
       name="heuristic",         # process scorer: heuristic | judge | prm | random | a registered name
@@ -120,6 +123,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.learner = dict(
       advantage="grpo",         # a name in tree_rl.learner.advantages' registry
       adv_eps=1e-6,             # std guard of the advantage normalisation
+      step_weight=1.0,          # step-level estimators (gigpo): weight w of A_step in A_episode + w * A_step
+      step_gamma=0.95,          # step-level estimators (gigpo): discount of the step return
+      shared_advantage="per_leaf",  # per_leaf: a shared prefix token is trained once per leaf with each
+                                # leaf's advantage (ARPO's soft attribution) | mean: with the mean of
+                                # the advantages of the leaves below it (ARPO's hard attribution)
+      overlong_window=0.0,      # DAPO overlong shaping: penalty window as a fraction of the most tokens a
+                                # trajectory can generate (max_turns x max_tokens_per_turn); 0 off (DAPO: 0.2)
+      overlong_truncated="keep",  # a trajectory with a reply cut at max_tokens_per_turn: keep (soft penalty
+                                # only) | penalize (reward - 1) | mask (not trained on); needs overlong_window > 0
       packed=True,              # tree-packed batches (each node's tokens once) vs one row per leaf
       aggregation="traj_mean_group_mean",  # traj_mean | traj_mean_group_mean | token_mean | token_sum (configs' algo presets set each method's own)
       clip_low=0.28,            # rho clipped below at 1 - clip_low (PATR: 0.28)

@@ -24,7 +24,7 @@ from flax import nnx
 from tree_rl import console, tasks
 from tree_rl.checkpointing import Checkpointer
 from tree_rl.evaluation import Evaluator
-from tree_rl.learner.from_rollout import learner_batches
+from tree_rl.learner import from_rollout
 from tree_rl.learner.train_step import make_train_step
 from tree_rl.metrics import MetricsWriter, plot_curves, read_jsonl
 from tree_rl.models import build_model, build_tokenizer
@@ -122,20 +122,63 @@ def _eval_key(config) -> jax.Array:
 # ----------------------------------------------------------------------------- one RL step
 
 
-def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: int):
-  """Rollout + updates for RL step `step`; returns (train_state, cache, metrics)."""
+def _draw(parts: Parts, cache, step: int, position: int, draw: int):
+  """Rollout `draw` of step `step`: the prompts at stream positions [position, position + P)."""
   config = parts.config
-  p = int(config.rollout.prompts_per_step)
-  ids, groups = _prompt_batch(config, parts.tasks.num_train, position, p)
+  ids, groups = _prompt_batch(config, parts.tasks.num_train, position,
+                              int(config.rollout.prompts_per_step))
   states = jax.tree.map(lambda x: x[ids], parts.tasks.train_states)
-  t0 = time.perf_counter()
-  out, cache = run(parts.engine, parts.method, cache, states, _step_key(config, step, 0),
+  key = _step_key(config, step, 0)
+  out, cache = run(parts.engine, parts.method, cache, states,
+                   key if draw == 0 else jax.random.fold_in(key, draw),
                    prompt_ids=jnp.asarray(groups), scorer=parts.scorer,
                    budget=int(config.rollout.budget), budget_unit=config.rollout.budget_unit)
-  jax.block_until_ready(out.tree.tokens)
+  return out, cache, ids
+
+
+def _rollouts(parts: Parts, cache, step: int, position: int):
+  """The step's rollouts and training trees; returns (first rollout, trees, prompts drawn, cache,
+  metrics). With `rollout.dynamic_sampling` (DAPO), groups whose outcome rewards are all equal
+  are dropped and further batches of prompts are drawn (at most `rollout.max_draws` in all)
+  until `prompts_per_step` informative groups are kept; extras of the last draw are dropped.
+  Draw d of step s uses the prompts after those of draw d - 1 and a key of (seed, s, d), and
+  the stream position after the step is checkpointed, so a resumed run draws the same."""
+  config = parts.config
+  p = int(config.rollout.prompts_per_step)
+  dynamic = bool(config.rollout.dynamic_sampling)
+  eot = int(parts.tokenizer.end_of_turn_id)
+  trees, first, spent, repeated = [], None, 0.0, 0
+  kept = draws = 0
+  while draws < (int(config.rollout.max_draws) if dynamic else 1) and kept < p:
+    out, cache, ids = _draw(parts, cache, step, position + draws * p, draws)
+    jax.block_until_ready(out.tree.tokens)
+    first = out if first is None else first
+    repeated += p - len(np.unique(ids))
+    spent += float(np.sum(np.asarray(out.budget.spent(config.rollout.budget_unit))))
+    draws += 1
+    rows = np.arange(p)
+    if dynamic:
+      rows = np.nonzero(from_rollout.informative_groups(out))[0][:p - kept]
+    trees += from_rollout.rollout_trees(config, out, eot, prompts=rows)
+    kept += len(rows)
+  metrics = {f"rollout/{k}": v for k, v in first.stats.items()}
+  metrics["rollout/repeated_tasks"] = repeated   # copies beyond the first within a draw
+  if dynamic:
+    metrics.update({"rollout/draws": draws, "rollout/groups_kept": kept,
+                    "rollout/groups_dropped": draws * p - kept,
+                    "rollout/cost_per_kept_group": spent / max(kept, 1)})
+  return trees, draws * p, cache, metrics
+
+
+def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: int):
+  """Rollout(s) + updates for RL step `step` from stream position `position`; returns
+  (train_state, cache, metrics, prompts drawn)."""
+  config = parts.config
+  t0 = time.perf_counter()
+  trees, drawn, cache, metrics = _rollouts(parts, cache, step, position)
   rollout_s = time.perf_counter() - t0
   t1 = time.perf_counter()
-  batches = learner_batches(config, out, row_multiple=parts.train_step.row_multiple)
+  batches = from_rollout.make_batches(config, trees, parts.train_step.row_multiple)
   if float(config.learner.kl_coef):
     batches = [parts.train_step.with_ref_logprobs(ref_params, b) for b in batches]
   learner_metrics = []
@@ -146,20 +189,19 @@ def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: i
   learner_metrics = jax.device_get(learner_metrics)
   learner_s = time.perf_counter() - t1
   tokens = sum(int(np.sum(np.asarray(b.loss_mask))) for b in batches) * int(config.train.ppo_epochs)
-  metrics = {f"rollout/{k}": v for k, v in out.stats.items()}
-  metrics["rollout/repeated_tasks"] = p - len(np.unique(ids))   # copies beyond the first
-  for k in learner_metrics[0]:
+  metrics["learner/updates"] = len(learner_metrics)   # 0 when dynamic sampling kept no group
+  for k in (learner_metrics[0] if learner_metrics else ()):
     # ratio_dev = mean |pi / pi_old - 1| of the first epoch: how far the learner's policy is
     # from the sampler's on the same tokens (bf16 KV, other kernels), before later epochs move it.
     ms = learner_metrics[:len(batches)] if k == "ratio_dev" else learner_metrics
     values = [float(m[k]) for m in ms]
     metrics[f"learner/{k}"] = sum(values) if k == "skipped" else float(np.mean(values))
-  generated = out.stats.get("budget/generated", 0)
+  generated = metrics.get("rollout/budget/generated", 0)
   metrics.update({"throughput/rollout_tokens_per_s": generated / max(rollout_s, 1e-9),
                   "throughput/learner_tokens_per_s": tokens / max(learner_s, 1e-9),
                   "throughput/rollout_share": rollout_s / max(rollout_s + learner_s, 1e-9),
                   "time/step_s": rollout_s + learner_s})
-  return train_state, cache, metrics
+  return train_state, cache, metrics, drawn
 
 
 # ----------------------------------------------------------------------------- the program
@@ -212,9 +254,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
       config, workdir, num_params=int(num_params), mesh=parts.train_step.mesh,
       resumed_from=None if restored is None else f"step {restored[0]} of {ckpt.directory}"),
       flush=True)
-  p = int(config.rollout.prompts_per_step)
-  meta = lambda step: {"step": step, "data_position": step * p, "history": history,
+  meta = lambda step: {"step": step, "data_position": position, "history": history,
                        "config": config.to_json(), "tokenizer": parts.tokenizer.fingerprint()}
+  position = 0   # prompts drawn so far from the seeded stream (dynamic sampling draws more)
   if restored is None:
     writer.truncate_after(-1)   # rows of an attempt killed before its first checkpoint
     warm_params, warm_stats = _warm_start(parts)
@@ -231,6 +273,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     check_tokenizer(saved, parts.tokenizer, ckpt.directory)
     train_state, ref_params = state["train"], state["ref_params"]
     history = saved.get("history", {})
+    position = int(saved.get("data_position", step * int(config.rollout.prompts_per_step)))
     cache = new_cache(parts, train_state.params)
     writer.truncate_after(step)
   num_steps = int(config.train.num_steps)
@@ -238,8 +281,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
   last_eval = None
   with _StopRequest() as stop:
     while step < num_steps and not stop.requested:
-      train_state, cache, metrics = rl_step(parts, train_state, ref_params, cache, step, step * p)
+      train_state, cache, metrics, drawn = rl_step(parts, train_state, ref_params, cache, step,
+                                                   position)
       step += 1
+      position += drawn
       cache = sampling.reset(cache, _to_model(parts, train_state.params))
       if metrics.get("learner/skipped", 0):
         print(f"step {step}: {int(metrics['learner/skipped'])} update(s) skipped "

@@ -48,6 +48,7 @@ def validate(config, *, engine=None, layout=None) -> None:
   _check(int(t.minibatches) <= int(r.prompts_per_step),
          f"config.train.minibatches={t.minibatches} exceeds config.rollout.prompts_per_step="
          f"{r.prompts_per_step}: every minibatch needs at least one prompt")
+  _check(int(r.max_draws) >= 1, f"config.rollout.max_draws must be >= 1, got {r.max_draws}")
   _check(int(config.checkpoint.every_steps) >= 1, "config.checkpoint.every_steps must be >= 1")
   _check(int(config.checkpoint.keep) >= 1, "config.checkpoint.keep must be >= 1")
   _check(int(s.page_size) >= 1, f"config.sampler.page_size must be >= 1, got {s.page_size}")

@@ -107,20 +107,42 @@ def test_packed_positions_and_predecessors_of_a_small_tree():
                                             [10, 11, 12, 13, 14, 17, 0, 0]])
 
 
+def test_per_node_advantages_weigh_each_node_with_its_own():
+  # The tree above; per node on the path: C's path (root, A, C) gets (0, 2, -1), B's (root, B)
+  # gets (0, -3): A's tokens lie under C only and take its A-value 2, C's take -1, B's -3.
+  adv = np.zeros((4, 3), np.float32)
+  adv[3] = [0.0, 2.0, -1.0]
+  adv[2] = [0.0, -3.0, 0.0]
+  tree = batches.TrainTree(parent=[-1, 0, 0, 1], spans=[[0, 2], [2, 5], [5, 7], [7, 8]],
+                      tokens=np.arange(10, 18), loss_mask=np.array([0, 0, 1, 1, 0, 1, 1, 1], bool),
+                      old_logp=np.zeros(8, np.float32), advantages=adv)
+  pb = batches.pack_trees([tree], seq_len=10, max_nodes=5, aggregation="token_sum")
+  np.testing.assert_array_equal(pb.pos_weight[0, :8], [0, 0, 2, 2, 0, 0, 0, 0])
+  np.testing.assert_array_equal(pb.neg_weight[0, :8], [0, 0, 0, 0, 0, 3, 3, 1])
+  lb = batches.leaf_batch([tree], seq_len=8)
+  np.testing.assert_array_equal(lb.advantages, [[0, 0, -3, -3, 0, 0, 0, 0],
+                                                [0, 0, 2, 2, 2, -1, 0, 0]])
+
+
 def _model_logp(model, pb):
   mask = batches.packed_attention_mask(pb.node_ids, pb.ancestors)
   return sequence_logprobs(model, pb.tokens, positions=pb.positions, pred_index=pb.pred_index,
                            attention_mask=mask)[0]
 
 
-def test_packed_loss_and_gradients_equal_per_leaf():
-  """fp32, highest matmul precision: loss to rtol 1e-5, gradients to 1e-5 of their max."""
+@pytest.mark.parametrize("per_node", [False, True])
+def test_packed_loss_and_gradients_equal_per_leaf(per_node):
+  """fp32, highest matmul precision: loss to rtol 1e-5, gradients to 1e-5 of their max; with
+  one advantage per leaf, or per node of each leaf's path (step-level estimators)."""
   vocab = 64
   rng = np.random.default_rng(0)
   model = Transformer(tiny(vocab), rngs=nnx.Rngs(3))
   graph, params = nnx.split(model)
   trees = [synthetic.random_tree(rng, int(rng.integers(1, 8)), vocab, group_id=g // 3)
            for g in range(9)]
+  if per_node:   # paths have at most 8 nodes
+    for tree in trees:
+      tree.advantages = rng.normal(size=(tree.num_nodes, 8)).astype(np.float32)
   # Old log-probs near the model's own, so some ratios fall inside and some outside the clip range.
   for tree in trees:
     one = batches.pack_trees([tree], seq_len=len(tree.tokens), max_nodes=tree.num_nodes)

@@ -48,5 +48,5 @@ def test_old_and_new_logprobs_are_of_the_tempered_policy(data_dir):
   new, _ = parts.train_step._logprobs(nnx.to_pure_dict(params), arrays, False)
   np.testing.assert_allclose(np.asarray(new)[:, 1:][m], logp(T)[m], atol=2e-4)   # the learner's
 
-  _, _, metrics = train.rl_step(parts, state, state.params, cache, 0, 0)
+  _, _, metrics, _ = train.rl_step(parts, state, state.params, cache, 0, 0)
   assert 0.0 <= metrics["learner/ratio_dev"] < 1e-3    # float32 KV: the two sides agree

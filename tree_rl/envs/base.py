@@ -72,11 +72,25 @@ class TokenEnv(Environment):
   def parse_action(self, tokens: jax.Array, length: jax.Array) -> Any:
     """The action for `step` from a reply's generated ids (`tokens[:length]`)."""
 
+  def state_key(self, state: Any) -> jax.Array:
+    """int32 anchor key of `state`: equal keys mean the agent stands in the same situation
+    (step-level estimators such as GiGPO group turns by it). Default: a hash of every leaf; an
+    env overrides it to leave out counters that do not change what the agent faces."""
+    return pytree_hash(state)
+
   def tool_calls(self, before: Any, after: Any) -> jax.Array:
     """int32: tool calls the step from `before` to `after` made (budgets in `tool_calls`).
     Default: every env step is one call."""
     del before, after
     return jnp.int32(1)
+
+
+def pytree_hash(tree: Any) -> jax.Array:
+  """An int32 fingerprint of a pytree of integer / boolean arrays (equal trees hash equal)."""
+  leaves = [jnp.ravel(jnp.asarray(x)).astype(jnp.uint32) for x in jax.tree.leaves(tree)]
+  flat = jnp.concatenate(leaves) if leaves else jnp.zeros((1,), jnp.uint32)
+  mult = jnp.uint32(1000003) ** jnp.arange(1, flat.shape[0] + 1, dtype=jnp.uint32)
+  return (jnp.sum(flat * mult + jnp.uint32(97)) & jnp.uint32(0x7FFFFFFF)).astype(jnp.int32)
 
 
 def snapshot(state: Any) -> Any:

@@ -9,7 +9,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from tree_rl.envs.base import TokenEnv
+from tree_rl.envs.base import TokenEnv, pytree_hash
 from tree_rl.envs.frozenlake_dynamics import *  # noqa: F401,F403 (the dynamics' public names)
 from tree_rl.envs.frozenlake_dynamics import (FrozenLakeParams, distance_to_goal, generate_map,
                                               init_state, observation_grid, transition)
@@ -88,6 +88,11 @@ class FrozenLake(TokenEnv):
 
   def step(self, key, state, action, params=None):
     return transition(key, state, action, self._params if params is None else params)
+
+  def state_key(self, state):
+    """The anchor of a state: the agent's cell on its map (and whether the episode is over);
+    move and turn counters are left out, so revisits of a cell share an anchor."""
+    return pytree_hash((state.tiles, state.pos, state.done))
 
   # ---- process-scorer signals
   def distance_to_goal(self, state):

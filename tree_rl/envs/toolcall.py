@@ -25,7 +25,7 @@ import numpy as np
 from flax import struct
 
 from tree_rl.envs import text as tx
-from tree_rl.envs.base import TokenEnv
+from tree_rl.envs.base import TokenEnv, pytree_hash
 from tree_rl.envs.toolcall_kb import KnowledgeBase, generate_kb
 
 KIND_INVALID, KIND_SEARCH, KIND_ANSWER = 0, 1, 2
@@ -199,6 +199,12 @@ class ToolCallEnv(TokenEnv):
   def reset(self, key, params=None):
     state = self.init_state(jax.random.randint(key, (), 0, self.num_questions))
     return state, self._obs(state)
+
+  def state_key(self, state):
+    """The anchor of a state: the question, what the searches found and showed, the calls
+    made and whether it is answered; the turn counter and last-turn status are left out."""
+    return pytree_hash((state.question, state.calls, state.done, state.answered, state.facts,
+                        state.shown, state.found, state.ext_tokens, state.ext_len))
 
   def _obs(self, state):
     return jnp.where(state.shown, state.facts, -1)

@@ -12,6 +12,11 @@ Every estimator has the same signature::
 
 and returns float32 advantages [N], one per trajectory: the learner puts each on its leaf, and
 every token on the leaf's path is trained with it.
+
+A step-level estimator also declares a keyword `steps` (a `StepInputs`: each trajectory's turns,
+[N, D]) and returns [N, D], one advantage per turn: the turn's tokens are trained with it. It may
+declare `step_weight` and `step_gamma` as well, which `compute` fills from
+config.learner.step_weight / step_gamma. `gigpo` is the built-in one.
 All built-ins are jittable: fixed-size arrays, masks and segment sums, no data-dependent shapes.
 
 Group statistics follow the public Tree-GRPO/verl convention: std is unbiased (n - 1), and a group
@@ -22,14 +27,16 @@ code, a group whose rewards are all equal gets advantage exactly 0 under every e
 
 from __future__ import annotations
 
+import inspect
 from typing import Protocol
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from tree_rl.registry import Registry
 
-__all__ = ["register", "get", "names", "group_stats"]
+__all__ = ["register", "get", "names", "group_stats", "StepInputs", "compute", "shared_mean"]
 
 
 class Estimator(Protocol):
@@ -39,10 +46,39 @@ class Estimator(Protocol):
     ...
 
 
+@struct.dataclass
+class StepInputs:
+  """The turns of every trajectory, [N, D] (trajectory, turn 1..D in order; D = max_turns)."""
+
+  node: jax.Array       # int32 node id of the turn within its prompt's tree(s), -1 past the leaf
+  state_key: jax.Array  # int32 anchor key of the env state the turn acted from (`state_key`)
+  reward: jax.Array     # float32 env reward of the turn
+  mask: jax.Array       # bool the turn exists
+
+
 _REGISTRY = Registry("advantage estimator", "config.learner.advantage")
 register = _REGISTRY.register   # decorator: `@register("my_adv")` makes get("my_adv") find it
 get = _REGISTRY.get
 names = _REGISTRY.names         # used by config validation
+STEP_OPTIONS = ("step_weight", "step_gamma")
+
+
+def is_step_level(name: str) -> bool:
+  """Whether estimator `name` reads the trajectories' turns (declares `steps`)."""
+  return "steps" in inspect.signature(get(name)).parameters
+
+
+def compute(name: str, rewards, prompt_ids, tree_ids, valid, *, eps: float = 1e-6,
+            steps: StepInputs | None = None, **options) -> jax.Array:
+  """Call estimator `name`, passing `steps` and the `STEP_OPTIONS` it declares."""
+  fn = get(name)
+  params = inspect.signature(fn).parameters
+  kw = {k: v for k, v in options.items() if k in params}
+  if "steps" in params:
+    if steps is None:
+      raise ValueError(f"advantage estimator {name!r} is step-level: it needs `steps`")
+    kw["steps"] = steps
+  return fn(rewards, prompt_ids, tree_ids, valid, eps=eps, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,6 +133,47 @@ def _normalise(values, groups, valid, eps, *, use_std=True):
 
 def _prompt_groups(prompt_ids, valid):
   return dense_ids(prompt_ids, valid)
+
+
+def pair_ids(a: jax.Array, b: jax.Array, valid: jax.Array) -> jax.Array:
+  """Dense ids 0..M-1 of the distinct (a, b) pairs among valid slots (exact: no hashing of the
+  pair); invalid slots share one id of their own. All arrays [M]."""
+  big = jnp.iinfo(jnp.int32).max
+  a = jnp.where(valid, a, big).astype(jnp.int32)
+  b = jnp.where(valid, b, big).astype(jnp.int32)
+  order = jnp.lexsort((b, a))
+  sa, sb = a[order], b[order]
+  new = jnp.concatenate([jnp.ones((1,), bool), (sa[1:] != sa[:-1]) | (sb[1:] != sb[:-1])])
+  return jnp.zeros_like(a).at[order].set(jnp.cumsum(new).astype(jnp.int32) - 1)
+
+
+def discounted_returns(reward: jax.Array, mask: jax.Array, gamma: float) -> jax.Array:
+  """R[n, t] = sum_{k >= t} gamma^(k - t) r[n, k] over the turns in `mask` ([N, D]); 0 outside."""
+  r = jnp.where(mask, reward.astype(jnp.float32), 0.0)
+
+  def back(acc, x):
+    acc = x + gamma * acc
+    return acc, acc
+
+  _, out = jax.lax.scan(back, jnp.zeros(r.shape[0], jnp.float32), r.T, reverse=True)
+  return jnp.where(mask, out.T, 0.0)
+
+
+def shared_mean(advantages: jax.Array, prompt_ids: jax.Array, valid: jax.Array,
+                steps: StepInputs) -> jax.Array:
+  """[N, D]: every turn gets the mean advantage of the valid trajectories through its node (a
+  prefix shared by several leaves carries the mean of theirs; ARPO's hard attribution).
+  advantages [N] (per trajectory) or [N, D] (per turn)."""
+  n, d = steps.mask.shape
+  m = steps.mask & valid[:, None]
+  adv = jnp.broadcast_to(advantages.astype(jnp.float32).reshape(n, -1), (n, d))
+  pid = jnp.broadcast_to(_prompt_groups(prompt_ids, valid)[:, None], (n, d))
+  groups = pair_ids(pid.reshape(-1), steps.node.reshape(-1), m.reshape(-1))
+  flat = jnp.where(m, adv, 0.0).reshape(-1)
+  total = jax.ops.segment_sum(flat, groups, num_segments=n * d)
+  count = jax.ops.segment_sum(m.reshape(-1).astype(jnp.float32), groups, num_segments=n * d)
+  mean = (total / jnp.maximum(count, 1.0))[groups].reshape(n, d)
+  return jnp.where(m, mean, 0.0)
 
 
 def _tree_groups(prompt_ids, tree_ids, valid):
@@ -162,3 +239,40 @@ def tree_2norm(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6):
   """Normalise over the prompt, then re-normalise those values within each tree."""
   first = _normalise(rewards, _prompt_groups(prompt_ids, valid), valid, eps)
   return _normalise(first, _tree_groups(prompt_ids, tree_ids, valid), valid, eps)
+
+
+def _gigpo(rewards, prompt_ids, tree_ids, valid, eps, steps, step_weight, step_gamma, use_std):
+  n, d = steps.mask.shape
+  episode = _normalise(rewards, _prompt_groups(prompt_ids, valid), valid, eps, use_std=use_std)
+  m = steps.mask & valid[:, None]
+  ret = discounted_returns(steps.reward, m, step_gamma).reshape(-1)
+  pid = jnp.broadcast_to(_prompt_groups(prompt_ids, valid)[:, None], (n, d)).reshape(-1)
+  flat_m = m.reshape(-1)
+  groups = pair_ids(pid, steps.state_key.reshape(-1), flat_m)
+  dev, std, count = group_stats(ret, groups, flat_m)
+  step = jnp.where(count > 1.0, dev / (std + eps) if use_std else dev, 0.0).reshape(n, d)
+  return jnp.where(m, episode[:, None] + step_weight * step, 0.0).astype(jnp.float32)
+
+
+@register("gigpo")
+def gigpo(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6, steps: StepInputs,
+          step_weight=1.0, step_gamma=0.95):
+  """GiGPO (arXiv 2505.10978): A[n, t] = A_episode[n] + step_weight * A_step[n, t], per turn.
+
+  A_episode is `grpo`. A_step groups the turns of a prompt's trajectories by their anchor state
+  (equal `state_key` of the state the turn acted from, at any turn index) and normalises each
+  turn's discounted return R_t = sum_{k >= t} step_gamma^(k - t) r_k within its anchor group
+  ((R - mean) / (std + eps), unbiased std). A state reached by one turn only has no comparison:
+  A_step = 0 there (the public GiGPO code's convention), as in an all-equal anchor group.
+  """
+  del tree_ids
+  return _gigpo(rewards, prompt_ids, None, valid, eps, steps, step_weight, step_gamma, True)
+
+
+@register("gigpo_mean")
+def gigpo_mean(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6, steps: StepInputs,
+               step_weight=1.0, step_gamma=0.95):
+  """`gigpo` without the std division at either level (F_norm = 1, the public code's
+  mean_norm mode)."""
+  del tree_ids
+  return _gigpo(rewards, prompt_ids, None, valid, eps, steps, step_weight, step_gamma, False)

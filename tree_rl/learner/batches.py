@@ -8,7 +8,7 @@ Two device formats, both `flax.struct` dataclasses of arrays (jax pytrees):
                             never column 0, which has no context)
   old_logp   f32   [N, T]   log p_old(tokens[t] | tokens[:t]) from the sampling policy
   ref_logp   f32   [N, T]   the same under the frozen reference policy (zeros when KL is off)
-  advantages f32   [N]      per-trajectory advantage
+  advantages f32   [N]      per-trajectory advantage ([N, T] per token for per-node advantages)
   group_ids  int32 [N]      group (prompt) id, for the 'traj_mean_group_mean' aggregation
 
 `PackedBatch` -- each tree node's tokens once, several trees per row:
@@ -82,7 +82,9 @@ class TrainTree:
   tokens         int [L]
   loss_mask      bool [L]    True on the policy's own tokens
   old_logp       f32 [L]     log-prob of each token given its root-to-node context (sampling policy)
-  advantages     f32 [n]     advantage of each leaf (read at leaves only)
+  advantages     f32 [n]     advantage of each leaf (read at leaves only), or f32 [n, D]: per leaf,
+                             the advantage of each node on its root-to-leaf path (column k: the
+                             path's k-th node, root 0), for step-level estimators
   ref_logp       f32 [L]     reference policy's log-probs (None: zeros)
   group_id       int         prompt id of the tree
   leaf_valid     bool [n]    leaves to train on (None: every leaf)
@@ -151,6 +153,16 @@ def _ref(tree: TrainTree) -> np.ndarray:
   return tree.ref_logp if tree.ref_logp is not None else np.zeros(len(tree.tokens), np.float32)
 
 
+def path_advantages(tree: TrainTree, leaf: int) -> list[tuple[int, float]]:
+  """(node, advantage) for every node on `leaf`'s root-to-leaf path: the leaf's advantage
+  everywhere, or each node's own for per-node (step-level) advantages."""
+  path = tree.path(leaf)
+  a = np.asarray(tree.advantages[leaf], np.float32)
+  if a.ndim == 0:
+    return [(node, float(a)) for node in path]
+  return [(node, float(a[k])) for k, node in enumerate(path)]
+
+
 def leaf_batch(trees: list[TrainTree], seq_len: int, rows: int | None = None) -> LeafBatch:
   """Materialise every valid leaf of `trees` as its own row (the per-leaf format).
 
@@ -164,7 +176,8 @@ def leaf_batch(trees: list[TrainTree], seq_len: int, rows: int | None = None) ->
   mask = np.zeros((n, seq_len), bool)
   old = np.zeros((n, seq_len), np.float32)
   ref = np.zeros((n, seq_len), np.float32)
-  adv = np.zeros(n, np.float32)
+  per_node = any(np.ndim(t.advantages) == 2 for t in trees)
+  adv = np.zeros((n, seq_len) if per_node else n, np.float32)   # per token when per node
   gid = np.zeros(n, np.int32)
   for r, (t, leaf) in enumerate(items):
     idx = t.path_tokens(leaf)
@@ -175,7 +188,11 @@ def leaf_batch(trees: list[TrainTree], seq_len: int, rows: int | None = None) ->
     mask[r, :k] = t.loss_mask[idx]
     old[r, :k] = t.old_logp[idx]
     ref[r, :k] = _ref(t)[idx]
-    adv[r] = t.advantages[leaf]
+    if per_node:
+      adv[r, :k] = np.concatenate([np.full(t.spans[node, 1] - t.spans[node, 0], a, np.float32)
+                                   for node, a in path_advantages(t, leaf)])
+    else:
+      adv[r] = t.advantages[leaf]
     gid[r] = t.group_id
   return LeafBatch(tokens=tokens, loss_mask=mask, old_logp=old, ref_logp=ref, advantages=adv,
                    group_ids=gid)
@@ -332,8 +349,7 @@ def pack_trees(trees: list[TrainTree], seq_len: int, max_nodes: int, *, aggregat
       # Per-node sums over the valid leaves below it.
       node_w, node_p, node_n = np.zeros(n), np.zeros(n), np.zeros(n)
       for leaf, wl in w.items():
-        a = float(t.advantages[leaf])
-        for node in t.path(leaf):
+        for node, a in path_advantages(t, leaf):
           node_w[node] += wl
           node_p[node] += wl * max(a, 0.0)
           node_n[node] += wl * max(-a, 0.0)

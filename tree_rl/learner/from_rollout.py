@@ -2,13 +2,24 @@
 
     batches = learner_batches(config, out, row_multiple=train_step.row_multiple)
 
-`advantage_inputs` flattens a `RolloutOutput`'s group leaves for the advantage registry,
-`advantages` calls the configured estimator, `train_trees` turns each (prompt, tree) into a host
-`TrainTree` carrying its leaves' advantages, and `make_batches` splits the trees into
+`advantage_inputs` flattens a `RolloutOutput`'s group leaves for the advantage registry (with
+DAPO's overlong reward shaping when configured), `step_inputs` their turns for step-level
+estimators, `advantages` calls the configured estimator, `train_trees` turns each (prompt, tree)
+into a host `TrainTree` carrying its leaves' advantages, and `make_batches` splits the trees into
 `train.minibatches` batches (tree-packed or one row per leaf) with bucketed shapes.
+
+Overlong shaping (DAPO; `learner.overlong_window` > 0): a trajectory's length is the tokens the
+policy generated on its path, its limit L the most it can generate (rollout.max_turns x
+max_tokens_per_turn) and the window W = overlong_window x L; the outcome reward gets
+(L - W - length) / W inside the last W tokens (0 before, -1 at L). A trajectory with a reply cut
+at max_tokens_per_turn (no end-of-turn token) is "truncated": `learner.overlong_truncated` keeps
+it (soft penalty only), penalises it with -1, or masks it (it enters the advantage statistics
+but is not trained on: DAPO's overlong filtering).
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -17,35 +28,142 @@ import numpy as np
 from tree_rl.buckets import fine_bucket
 from tree_rl.learner import advantages as advantage_lib
 from tree_rl.learner.batches import TrainTree, leaf_batch, pack_trees
+from tree_rl.rollout.tree import path_nodes
+
+OVERLONG_TRUNCATED = ("keep", "penalize", "mask")
 
 
-def advantage_inputs(out) -> dict:
-  """Flat [P*L] arrays for `tree_rl.learner.advantages` estimators: rewards, prompt_ids,
-  tree_ids (unique per prompt and tree), valid."""
+def overlong_penalty(lengths, limit: int, window: float) -> np.ndarray:
+  """DAPO's soft length penalty of trajectories of `lengths` generated tokens under a limit of
+  `limit` tokens and a window of `window` tokens: 0, then linear down to -1 at the limit."""
+  lengths = np.asarray(lengths, np.float64)
+  if window <= 0:
+    return np.zeros(lengths.shape, np.float32)
+  start = limit - window
+  return np.where(lengths <= start, 0.0, np.where(lengths <= limit, (start - lengths) / window,
+                                                  -1.0)).astype(np.float32)
+
+
+def leaf_lengths(out, end_of_turn_id: int, max_tokens_per_turn: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+  """(generated tokens [P, L], truncated [P, L]) of every group leaf's root-to-leaf path; a
+  path is truncated when one of its replies ran to max_tokens_per_turn without `end_of_turn_id`."""
+  t = jax.device_get(out.tree)
+  leaf = np.asarray(out.leaf)
+  n = t.policy_len
+  last = np.take_along_axis(t.tokens, np.maximum(n - 1, 0)[..., None], axis=2)[..., 0]
+  cut = (n >= max_tokens_per_turn) & (last != end_of_turn_id)
+  gen = np.zeros(leaf.shape, np.int64)
+  trunc = np.zeros(leaf.shape, bool)
+  for p, j in zip(*np.nonzero(leaf >= 0)):
+    node = int(leaf[p, j])
+    while node >= 0:
+      gen[p, j] += n[p, node]
+      trunc[p, j] |= bool(cut[p, node])
+      node = int(t.parent[p, node])
+  return gen, trunc
+
+
+def shaped_rewards(config, out, end_of_turn_id: int | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+  """(rewards [P, L] after overlong shaping, trainable [P, L]): the outcome rewards, and False
+  where `overlong_truncated=mask` masks a truncated leaf. Unchanged when shaping is off."""
+  reward = np.asarray(out.reward, np.float32)
+  train = np.ones(reward.shape, bool)
+  frac = float(config.learner.overlong_window)
+  if frac <= 0:
+    return reward, train
+  if end_of_turn_id is None:
+    raise ValueError("overlong shaping needs the tokenizer's end_of_turn_id")
+  per_turn = int(config.rollout.max_tokens_per_turn)
+  limit = int(config.rollout.max_turns) * per_turn
+  gen, trunc = leaf_lengths(out, end_of_turn_id, per_turn)
+  reward = reward + overlong_penalty(gen, limit, frac * limit)
+  mode = config.learner.overlong_truncated
+  if mode == "penalize":
+    reward = np.where(trunc, np.asarray(out.reward, np.float32) - 1.0, reward)
+  elif mode == "mask":
+    train = ~trunc
+  return reward.astype(np.float32), train
+
+
+def advantage_inputs(out, rewards=None) -> dict:
+  """Flat [P*L] arrays for `tree_rl.learner.advantages` estimators: rewards (`rewards` [P, L]
+  when given, else the outcome rewards), prompt_ids, tree_ids (unique per prompt and tree),
+  valid."""
   p, l = out.leaf.shape
   pid = jnp.broadcast_to(out.tree.prompt_id[:, None], (p, l))
   m = jnp.max(out.tree.tree_id) + 1
-  return dict(rewards=out.reward.reshape(-1), prompt_ids=pid.reshape(-1),
+  r = out.reward if rewards is None else jnp.asarray(rewards, jnp.float32)
+  return dict(rewards=r.reshape(-1), prompt_ids=pid.reshape(-1),
               tree_ids=(pid * m + jnp.maximum(out.tree_id, 0)).reshape(-1),
               valid=out.valid.reshape(-1))
 
 
-def advantages(config, out) -> jax.Array:
-  """Per-leaf advantages [P*L] of `config.learner.advantage` (in `advantage_inputs` order)."""
-  return advantage_lib.get(config.learner.advantage)(**advantage_inputs(out),
-                                                     eps=float(config.learner.adv_eps))
+@functools.partial(jax.jit, static_argnums=(3,))
+def _step_inputs(tree, leaf, state_key, max_turns):
+  p, l = leaf.shape
+  p_idx = jnp.arange(p)[:, None]
+  paths = path_nodes(tree, max_turns)[p_idx, jnp.maximum(leaf, 0)]      # [P, L, D + 1] root first
+  paths = jnp.where(leaf[:, :, None] >= 0, paths, -1)
+  node, parent = paths[..., 1:], paths[..., :-1]
+  mask = node >= 0
+  at = lambda field, ids: field[p_idx[:, :, None], jnp.maximum(ids, 0)]  # noqa: E731
+  flat = lambda x: x.reshape(p * l, max_turns)                          # noqa: E731
+  return advantage_lib.StepInputs(
+      node=flat(node), state_key=flat(jnp.where(mask, at(state_key, parent), 0)),
+      reward=flat(jnp.where(mask, at(tree.reward, node), 0.0)), mask=flat(mask))
 
 
-def train_trees(out, leaf_advantages) -> list[TrainTree]:
+def step_inputs(out, max_turns: int) -> advantage_lib.StepInputs:
+  """The turns of every group leaf, [P*L, max_turns] in `advantage_inputs` order: node ids, the
+  anchor key of the state each turn acted from (its parent node's), step rewards."""
+  return _step_inputs(out.tree, out.leaf, out.state_key, int(max_turns))
+
+
+def advantages(config, out, rewards=None) -> jax.Array:
+  """Advantages of `config.learner.advantage` in `advantage_inputs` order: [P*L] per leaf, or
+  [P*L, max_turns] per turn for a step-level estimator or `learner.shared_advantage=mean`."""
+  lc = config.learner
+  inputs = advantage_inputs(out, rewards)
+  name = lc.advantage
+  shared = lc.shared_advantage == "mean"
+  steps = (step_inputs(out, int(config.rollout.max_turns))
+           if shared or advantage_lib.is_step_level(name) else None)
+  adv = advantage_lib.compute(name, **inputs, eps=float(lc.adv_eps), steps=steps,
+                              step_weight=float(lc.step_weight), step_gamma=float(lc.step_gamma))
+  if shared:
+    adv = advantage_lib.shared_mean(adv, inputs["prompt_ids"], inputs["valid"], steps)
+  return adv
+
+
+def informative_groups(out) -> np.ndarray:
+  """bool [P]: prompts whose valid leaves' outcome rewards are not all equal (DAPO's dynamic
+  sampling keeps these; a group of one leaf compares nothing and is not informative)."""
+  r = np.asarray(out.reward, np.float64)
+  v = np.asarray(out.valid, bool)
+  hi = np.where(v, r, -np.inf).max(axis=1)
+  lo = np.where(v, r, np.inf).min(axis=1)
+  return (v.sum(axis=1) > 1) & (hi > lo)
+
+
+def train_trees(out, leaf_advantages, trainable=None, prompts=None) -> list[TrainTree]:
   """One `TrainTree` per (prompt, tree) with the leaves' advantages.
 
-  leaf_advantages: [P * L] or [P, L] per leaf (as `advantage_inputs` orders them).
+  leaf_advantages: [P * L] or [P, L] per leaf, or [P * L, D] per turn (as `advantage_inputs`
+  orders them); trainable [P, L]: False leaves are not trained on; prompts: the prompt rows to
+  convert (default all).
   """
   t = jax.device_get(out.tree)
-  adv = np.asarray(leaf_advantages, np.float32).reshape(out.leaf.shape)
+  p_count, l_count = out.leaf.shape
+  adv = np.asarray(leaf_advantages, np.float32)
+  per_turn = adv.size != p_count * l_count
+  adv = adv.reshape(p_count, l_count, -1) if per_turn else adv.reshape(p_count, l_count)
   leaf, valid = np.asarray(out.leaf), np.asarray(out.valid)
+  if trainable is not None:
+    valid = valid & np.asarray(trainable, bool)
   trees = []
-  for p in range(t.parent.shape[0]):
+  for p in (range(p_count) if prompts is None else prompts):
     used = np.nonzero(t.used[p])[0]
     for tid in np.unique(t.tree_id[p, used]):
       nodes = used[t.tree_id[p, used] == tid]
@@ -57,11 +175,12 @@ def train_trees(out, leaf_advantages) -> list[TrainTree]:
       toks = np.concatenate([t.tokens[p, n, :k] for n, k in zip(nodes, lens)])
       mask = np.concatenate([np.arange(k) < t.policy_len[p, n] for n, k in zip(nodes, lens)])
       logp = np.concatenate([t.logprobs[p, n, :k] for n, k in zip(nodes, lens)])
-      node_adv = np.zeros(len(nodes), np.float32)
+      # per turn: a leaf's row holds its path's nodes' advantages, root (no loss tokens) first
+      node_adv = np.zeros((len(nodes), adv.shape[2] + 1) if per_turn else len(nodes), np.float32)
       leaf_valid = np.zeros(len(nodes), bool)
       for j in range(leaf.shape[1]):
         if leaf[p, j] >= 0 and int(leaf[p, j]) in local:
-          node_adv[local[int(leaf[p, j])]] = adv[p, j]
+          node_adv[local[int(leaf[p, j])]] = np.concatenate([[0.0], adv[p, j]]) if per_turn else adv[p, j]
           leaf_valid[local[int(leaf[p, j])]] = valid[p, j]
       trees.append(TrainTree(parent=parent, spans=spans, tokens=toks, loss_mask=mask,
                              old_logp=logp.astype(np.float32), advantages=node_adv,
@@ -96,8 +215,9 @@ def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
   return batches
 
 
-def learner_batches(config, out, row_multiple: int = 1) -> list:
-  """A rollout's learner batches: advantages, training trees, bucketed batches.
+def rollout_trees(config, out, end_of_turn_id: int | None = None, prompts=None
+                  ) -> list[TrainTree]:
+  """A rollout's training trees: shaped rewards, advantages, `train_trees` (of `prompts`).
 
   Every prompt of the rollout is its own group, so its `prompt_id`s must be distinct (a task
   drawn twice gets two ids: `train._prompt_batch`)."""
@@ -105,4 +225,11 @@ def learner_batches(config, out, row_multiple: int = 1) -> list:
   if len(np.unique(ids)) < len(ids):
     raise ValueError(f"rollout prompt ids {ids.tolist()} repeat: the copies would share one "
                      "advantage group; give every prompt of a batch its own id")
-  return make_batches(config, train_trees(out, advantages(config, out)), row_multiple)
+  rewards, trainable = shaped_rewards(config, out, end_of_turn_id)
+  return train_trees(out, advantages(config, out, rewards), trainable, prompts)
+
+
+def learner_batches(config, out, row_multiple: int = 1, end_of_turn_id: int | None = None
+                    ) -> list:
+  """A rollout's learner batches: `rollout_trees`, then bucketed `make_batches`."""
+  return make_batches(config, rollout_trees(config, out, end_of_turn_id), row_multiple)

@@ -260,6 +260,18 @@ def validate_config(config) -> None:
   make_optimizer(lcfg)   # an unknown lr_schedule raises here, naming the known ones
   if lcfg.microbatches < 1:
     raise ValueError(f"learner.microbatches={lcfg.microbatches} must be >= 1")
+  if lcfg.shared_advantage not in ("per_leaf", "mean"):
+    raise ValueError(f"learner.shared_advantage={lcfg.shared_advantage!r}; known: ('per_leaf', 'mean')")
+  from tree_rl.learner.from_rollout import OVERLONG_TRUNCATED
+  if lcfg.overlong_truncated not in OVERLONG_TRUNCATED:
+    raise ValueError(f"learner.overlong_truncated={lcfg.overlong_truncated!r}; known: {OVERLONG_TRUNCATED}")
+  if not 0.0 <= float(lcfg.overlong_window) <= 1.0:
+    raise ValueError(f"learner.overlong_window={lcfg.overlong_window} must be a fraction in [0, 1]")
+  if lcfg.overlong_truncated != "keep" and not float(lcfg.overlong_window) > 0:
+    raise ValueError(f"learner.overlong_truncated={lcfg.overlong_truncated!r} acts only with overlong "
+                     f"shaping on: set learner.overlong_window > 0 (DAPO: 0.2)")
+  if not 0.0 <= float(lcfg.step_gamma) <= 1.0:
+    raise ValueError(f"learner.step_gamma={lcfg.step_gamma} must be in [0, 1]")
   if not (0 <= lcfg.clip_low < 1 and lcfg.clip_high >= 0):
     raise ValueError(f"learner.clip_low={lcfg.clip_low} must be in [0, 1) and "
                      f"learner.clip_high={lcfg.clip_high} >= 0")

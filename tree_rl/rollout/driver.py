@@ -34,6 +34,7 @@ class RolloutOutput:
   valid: jax.Array       # bool [P, L] leaves in the training group
   reward: jax.Array      # float32 [P, L] outcome reward (sum of step rewards on the path)
   tree_id: jax.Array     # int32 [P, L] tree index within the prompt
+  state_key: jax.Array   # int32 [P, N] env `state_key` of every node's state (anchors of step-level advantages)
   budget: Budget
   stats: dict
 
@@ -86,6 +87,11 @@ def _first(method: RolloutMethod, tree, budget, limit, unit, costs):
 @functools.partial(jax.jit, static_argnums=(2, 3))
 def _score_input(tree, nodes, max_len, max_depth):
   return scorer_lib.score_input(tree, nodes, max_len, max_depth)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _state_keys(env, env_state):
+  return jax.vmap(jax.vmap(env.state_key))(env_state)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
@@ -144,7 +150,7 @@ def run(engine: Engine, method: RolloutMethod, cache, env_states, key, *, prompt
   rs = engine.release(rs, rs.live)
   ids, valid, reward, tid = _finish(method, rs.tree, jax.random.fold_in(key, 2**31 - 1), method.max_leaves())
   out = RolloutOutput(tree=rs.tree, leaf=ids, valid=valid, reward=reward, tree_id=tid,
-                      budget=rs.budget,
+                      state_key=_state_keys(engine.env, rs.tree.env_state), budget=rs.budget,
                       stats=statistics(rs, ids, valid, reward, budget_unit, engine.max_turns))
   return out, rs.cache
 

@@ -1,0 +1,152 @@
+"""Step-level advantages (GiGPO, ARPO's shared-prefix mean), their inputs from a rollout tree,
+and DAPO's reward-side pieces (overlong shaping, informative groups), against hand values."""
+
+import math
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tree_rl import envs
+from tree_rl.learner import advantages
+from tree_rl.learner import from_rollout
+from tree_rl.rollout import tree as tree_lib
+
+EPS = 1e-6
+G = 0.9
+
+
+def _cell_states(cells):
+  """FrozenLake states on one 3x3 map (S . . / . . . / . . G) with the agent at `cells`."""
+  env = envs.make("frozenlake", preset="rllm_small")
+  tiles = np.zeros((env.max_size, env.max_size), np.int32)
+  base = env.init_state(jnp.asarray(tiles), 3, 3, jnp.array([0, 0]))
+  return env, [base.replace(pos=jnp.array(c, jnp.int32), steps=jnp.int32(k))
+               for k, c in enumerate(cells)]
+
+
+def test_gigpo_groups_turns_by_anchor_state_on_a_3x3_map():
+  # Four trajectories of one prompt; the cells each turn acted from, and the step rewards.
+  paths = [[(0, 0), (0, 1), (1, 1)], [(0, 0), (1, 0), (1, 1)], [(0, 0), (0, 1)],
+           [(0, 0), (0, 1), (1, 1)]]
+  rewards = [[0, 0, 1], [0, 0, 0], [0, 0], [0, 0, 1]]
+  env, states = _cell_states([c for p in paths for c in p])
+  keys = [int(env.state_key(s)) for s in states]   # the move counter differs; the cell decides
+  cells = [c for p in paths for c in p]
+  for a in range(len(cells)):
+    for b in range(len(cells)):
+      assert (keys[a] == keys[b]) == (cells[a] == cells[b])
+  d = 3
+  key = np.zeros((4, d), np.int32)
+  rew = np.zeros((4, d), np.float32)
+  mask = np.zeros((4, d), bool)
+  it = iter(keys)
+  for i, (p, r) in enumerate(zip(paths, rewards)):
+    for t in range(len(p)):
+      key[i, t], rew[i, t], mask[i, t] = next(it), r[t], True
+  steps = advantages.StepInputs(node=np.where(mask, 1, -1), state_key=jnp.asarray(key),
+                                reward=jnp.asarray(rew), mask=jnp.asarray(mask))
+  outcome = jnp.asarray([1.0, 0.0, 0.0, 1.0])
+  got = np.asarray(jax.jit(lambda r, s: advantages.compute(
+      "gigpo", r, jnp.zeros(4, jnp.int32), jnp.zeros(4, jnp.int32), jnp.ones(4, bool),
+      eps=EPS, steps=s, step_weight=0.5, step_gamma=G))(outcome, steps))
+  # Episode level: rewards {1, 0, 0, 1}: +-0.5 / sqrt(1/3).
+  ep = 0.5 / (math.sqrt(1 / 3) + EPS)
+  a_e = [ep, -ep, -ep, ep]
+  # Step level, discounted returns (gamma 0.9): tau1 = tau4 = (0.81, 0.9, 1), tau2 = 0, tau3 = 0.
+  # (0,0): {0.81, 0, 0, 0.81} -> +-0.405 / (0.405 sqrt(4/3)); (0,1): {0.9, 0, 0.9} (tau1, tau3,
+  # tau4); (1,1): {1, 0, 1} (tau1, tau2, tau4); (1,0) is reached by tau2 only: 0.
+  s00 = 0.405 / (0.405 * math.sqrt(4 / 3) + EPS)
+  s01 = 0.3 / (math.sqrt(0.27) + EPS)
+  s11 = (1 / 3) / (math.sqrt(1 / 3) + EPS)
+  a_s = [[s00, s01, s11], [-s00, 0.0, -2 * s11], [-s00, -2 * s01, 0.0], [s00, s01, s11]]
+  want = np.array([[a_e[i] + 0.5 * a_s[i][t] if mask[i, t] else 0.0 for t in range(d)]
+                   for i in range(4)])
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_gigpo_masks_padding_and_separates_prompts():
+  # Two prompts with the same anchor keys: their turns never share a group; an invalid slot
+  # and masked turns get 0.
+  key = jnp.array([[5, 6], [5, 6], [5, 6], [5, 6], [5, 6]], jnp.int32)
+  rew = jnp.array([[0, 1], [0, 0], [0, 1], [0, 1], [9, 9]], jnp.float32)
+  mask = jnp.array([[1, 1], [1, 1], [1, 1], [1, 0], [1, 1]], bool)
+  steps = advantages.StepInputs(node=jnp.ones((5, 2), jnp.int32), state_key=key, reward=rew,
+                                mask=mask)
+  r = jnp.array([1.0, 0.0, 1.0, 0.0, 9.0])
+  got = np.asarray(advantages.compute("gigpo_mean", r, jnp.array([0, 0, 1, 1, 1]),
+                                      jnp.zeros(5, jnp.int32), jnp.array([1, 1, 1, 1, 0], bool),
+                                      steps=steps, step_weight=1.0, step_gamma=1.0))
+  # mean_norm: prompt 0 episode (0.5, -0.5), anchors 5: returns (1, 0) -> (0.5, -0.5), anchor
+  # 6: (1, 0) -> (0.5, -0.5). Prompt 1: episode (0.5, -0.5); anchor 5: returns (1, 0) ->
+  # (0.5, -0.5); anchor 6: only slot 2 (slot 3's turn is masked) -> 0.
+  want = [[1.0, 1.0], [-1.0, -1.0], [1.0, 0.5], [-1.0, 0.0], [0.0, 0.0]]
+  np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_pair_ids_are_exact_pairs():
+  a = jnp.array([0, 0, 1, 1, 0, 3])
+  b = jnp.array([5, 5, 5, 7, 7, 5])
+  ids = np.asarray(advantages.pair_ids(a, b, jnp.array([1, 1, 1, 1, 1, 0], bool)))
+  assert ids[0] == ids[1] and len({ids[0], ids[2], ids[3], ids[4], ids[5]}) == 5
+
+
+def test_shared_prefix_tokens_take_the_mean_of_their_leaves():
+  # Prompt 0: leaves a (nodes 1, 2), b (nodes 1, 3), c (node 4); prompt 1: leaf d through a
+  # node also numbered 1 (another prompt's node: not shared).
+  node = jnp.array([[1, 2], [1, 3], [4, -1], [1, 5]])
+  steps = advantages.StepInputs(node=node, state_key=jnp.zeros((4, 2), jnp.int32),
+                                reward=jnp.zeros((4, 2)), mask=node >= 0)
+  adv = jnp.array([1.0, -1.0, 0.5, 3.0])
+  got = np.asarray(advantages.shared_mean(adv, jnp.array([0, 0, 0, 1]), jnp.ones(4, bool), steps))
+  np.testing.assert_allclose(got, [[0.0, 1.0], [0.0, -1.0], [0.5, 0.0], [3.0, 3.0]])
+  # An invalid leaf neither counts in its nodes' mean nor gets a value.
+  got = np.asarray(advantages.shared_mean(adv, jnp.array([0, 0, 0, 1]),
+                                          jnp.array([1, 0, 1, 1], bool), steps))
+  np.testing.assert_allclose(got, [[1.0, 1.0], [0.0, 0.0], [0.5, 0.0], [3.0, 3.0]])
+
+
+def _hand_tree():
+  """One prompt: root 0 -> 1 -> {2, 3}; rewards 0, 0.5 (node 2), 1 (node 3); 8-token nodes."""
+  t = tree_lib.empty(1, 6, 8, jnp.zeros((), jnp.int32))
+  parent = jnp.array([[-1, 0, 1, 1, -1, -1]])
+  used = jnp.array([[1, 1, 1, 1, 0, 0]], bool)
+  depth = jnp.array([[0, 1, 2, 2, 0, 0]])
+  reward = jnp.array([[0.0, 0.0, 0.5, 1.0, 0, 0]])
+  policy_len = jnp.array([[0, 3, 8, 2, 0, 0]])
+  tokens = jnp.zeros((1, 6, 8), jnp.int32).at[0, 2, 7].set(5).at[0, 3, 1].set(9).at[0, 1, 2].set(9)
+  t = t.replace(parent=parent, used=used, depth=depth, reward=reward, ret=reward,
+                policy_len=policy_len, tokens=tokens, num_children=jnp.array([[1, 2, 0, 0, 0, 0]]),
+                size=jnp.array([4]))
+  return types.SimpleNamespace(tree=t, leaf=jnp.array([[2, 3, -1]]),
+                               valid=jnp.array([[1, 1, 0]], bool),
+                               reward=jnp.array([[0.5, 1.0, 0.0]]),
+                               state_key=jnp.array([[70, 71, 72, 73, 0, 0]]))
+
+
+def test_step_inputs_follow_each_leaf_path():
+  s = from_rollout.step_inputs(_hand_tree(), max_turns=3)
+  np.testing.assert_array_equal(s.node, [[1, 2, -1], [1, 3, -1], [-1, -1, -1]])
+  # a turn's anchor is the state it acted from: its parent node's
+  np.testing.assert_array_equal(s.state_key, [[70, 71, 0], [70, 71, 0], [0, 0, 0]])
+  np.testing.assert_allclose(s.reward, [[0, 0.5, 0], [0, 1.0, 0], [0, 0, 0]])
+
+
+def test_overlong_penalty_by_hand():
+  # limit 100 tokens, window 20: none up to 80, linear to -1 at 100, -1 beyond.
+  np.testing.assert_allclose(from_rollout.overlong_penalty([70, 80, 90, 100, 120], 100, 20.0),
+                             [0.0, 0.0, -0.5, -1.0, -1.0])
+
+
+def test_leaf_lengths_and_truncation():
+  # eot id 9, 8 tokens per turn: node 2 ran to 8 tokens ending in 5 (cut); node 1 ended in 9.
+  gen, trunc = from_rollout.leaf_lengths(_hand_tree(), end_of_turn_id=9, max_tokens_per_turn=8)
+  np.testing.assert_array_equal(gen, [[11, 5, 0]])
+  np.testing.assert_array_equal(trunc, [[True, False, False]])
+
+
+def test_informative_groups_are_those_with_unequal_rewards():
+  out = types.SimpleNamespace(reward=jnp.array([[1, 1, 0], [1, 1, 0], [0, 0, 0], [2, 0, 0]], jnp.float32),
+                              valid=jnp.array([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]], bool))
+  np.testing.assert_array_equal(from_rollout.informative_groups(out), [True, False, False, False])
