@@ -11,7 +11,7 @@ from tree_rl.train import train_and_evaluate
 
 from loop_helpers import checkpoint_params, max_abs_diff, smoke
 
-METHODS = ["chain", "tree_grpo", "patr", "tree_random"]
+METHODS = ["chain", "tree_grpo", "patr", "tree_random", "dapo", "gigpo"]
 
 
 @pytest.mark.parametrize("module,algo", [(m, a) for m in (frozenlake, toolcall) for a in METHODS])
@@ -20,7 +20,15 @@ def test_smoke_run_trains_and_evaluates(tmp_path, data_dir, module, algo):
   assert summary["step"] == 2 and not summary["stopped_early"]
   rows = read_jsonl(os.path.join(str(tmp_path), "metrics.jsonl"))
   steps = [r for r in rows if "learner/loss" in r]
-  assert [r["step"] for r in steps] == [1, 2]
+  assert algo == "dapo" or [r["step"] for r in steps] == [1, 2]
+  if algo == "dapo":   # dynamic sampling: a step without an informative group does no update
+    rollouts = [r for r in rows if "rollout/draws" in r]
+    assert [r["step"] for r in rollouts] == [1, 2]
+    for r in rollouts:
+      assert r["rollout/groups_kept"] + r["rollout/groups_dropped"] == 2 * r["rollout/draws"]
+      assert (r["learner/updates"] > 0) == (r["rollout/groups_kept"] > 0)
+      assert r["rollout/draws"] == 3 or r["rollout/groups_kept"] == 2
+    steps = [r for r in rollouts if r["learner/updates"]]
   for r in steps:
     assert r["rollout/trajectories"] > 0 and r["learner/skipped"] == 0
     assert r["rollout/budget/generated"] > 0 and np.isfinite(r["learner/loss"])

@@ -1,0 +1,108 @@
+"""DAPO in the RL loop: its preset, clip-higher, dynamic sampling with a scripted reward, and
+exact resume of a run whose steps draw a varying number of prompts."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs import frozenlake, toolcall
+from tree_rl import train
+from tree_rl.learner import losses
+from tree_rl.metrics import read_jsonl
+
+from loop_helpers import checkpoint_params, max_abs_diff, smoke
+
+
+def _script_rewards(monkeypatch, rule):
+  """Every rollout of the loop gets outcome rewards rule(out) [P, L] (the rest is real)."""
+  real = train.run
+
+  def scripted(*args, **kwargs):
+    out, cache = real(*args, **kwargs)
+    return out.replace(reward=jnp.where(out.valid, rule(out), 0.0).astype(jnp.float32)), cache
+
+  monkeypatch.setattr(train, "run", scripted)
+
+
+def test_the_preset_sets_every_part():
+  for module in (frozenlake, toolcall):
+    for model in ("tiny", "hf"):   # the papers' setting for hf must not undo DAPO's clipping / KL
+      c = module.get_config(f"algo=dapo,model={model}")
+      assert (c.rollout.method, c.learner.advantage, c.learner.aggregation) == (
+          "chain", "grpo", "token_mean")
+      assert (c.learner.clip_low, c.learner.clip_high, c.learner.kl_coef) == (0.2, 0.28, 0.0)
+      assert c.rollout.dynamic_sampling and c.learner.overlong_window == 0.2
+      assert c.learner.overlong_truncated == "penalize"
+
+
+def test_clip_higher_is_asymmetric():
+  # rho = 1.25 is inside DAPO's [0.8, 1.28] (a symmetric 0.2 would clip it); rho = 0.78 is
+  # below 0.8. A > 0: the pessimistic min keeps 1.25 and 0.78 live. A < 0: max(rho, clip) keeps
+  # 1.25 live and clips 0.78 (zero gradient).
+  old = jnp.log(jnp.array([[0.5, 0.4, 0.5 / 0.78]]))
+  logp = jnp.log(jnp.array([[0.5, 0.5, 0.5]]))          # rho = 1, 1.25, 0.78
+  mask = jnp.array([[False, True, True]])
+
+  def grad(adv, clip_high):
+    return np.asarray(jax.grad(lambda lp: losses.policy_loss(
+        lp, old, jnp.array([adv]), mask, aggregation="token_sum", clip_low=0.2,
+        clip_high=clip_high)[0])(logp))[0]
+
+  np.testing.assert_allclose(grad(1.0, 0.28), [0.0, -1.25, -0.78], rtol=1e-5)
+  np.testing.assert_allclose(grad(-1.0, 0.28), [0.0, 1.25, 0.0], rtol=1e-5)
+  np.testing.assert_allclose(grad(1.0, 0.2), [0.0, 0.0, -0.78], rtol=1e-5)   # symmetric: clipped
+
+
+def test_dynamic_sampling_drops_all_equal_groups_and_fills_the_batch(data_dir, monkeypatch):
+  # Scripted: a group (stream position) is informative iff its position is odd (its first leaf
+  # wins, the others lose); even positions lose everywhere.
+  def rule(out):
+    odd = (out.tree.prompt_id % 2 == 1)[:, None]
+    first = jnp.arange(out.leaf.shape[1])[None] == 0
+    return (odd & first).astype(jnp.float32)
+
+  _script_rewards(monkeypatch, rule)
+  c = smoke(frozenlake, "dapo", data_dir, **{"rollout.max_draws": 3})
+  parts = train.build_parts(c)
+  cache = train.new_cache(parts, parts.train_step.init().params)
+  # P = 2: draw 0 (positions 0, 1) keeps 1; draw 1 (2, 3) keeps 3 and the batch is full.
+  trees, drawn, cache, m = train._rollouts(parts, cache, step=0, position=0)
+  assert sorted({t.group_id for t in trees}) == [1, 3] and drawn == 4
+  assert (m["rollout/draws"], m["rollout/groups_kept"], m["rollout/groups_dropped"]) == (2, 2, 2)
+  # From position 4 the same rule keeps positions 5 and 7.
+  trees, drawn, cache, m = train._rollouts(parts, cache, step=1, position=4)
+  assert sorted({t.group_id for t in trees}) == [5, 7]
+  # The cap: one draw keeps what it has (one group).
+  c2 = smoke(frozenlake, "dapo", data_dir, **{"rollout.max_draws": 1})
+  parts2 = train.build_parts(c2)
+  trees, drawn, cache, m = train._rollouts(parts2, cache, step=0, position=0)
+  assert sorted({t.group_id for t in trees}) == [1] and drawn == 2
+  assert (m["rollout/draws"], m["rollout/groups_kept"], m["rollout/groups_dropped"]) == (1, 1, 1)
+
+
+def test_a_resumed_dapo_run_equals_the_uninterrupted_one(tmp_path, data_dir, monkeypatch):
+  """Smoke runs of the preset with a reward scripted from the sampled tokens (the smoke policy
+  wins nothing): 3 steps straight, and 1 step then a resume to 3. Dynamic sampling makes the
+  prompts per step vary, so the resumed run must restore the stream position."""
+  _script_rewards(monkeypatch, lambda out: (out.tree.tokens[
+      jnp.arange(out.leaf.shape[0])[:, None], jnp.maximum(out.leaf, 0), 0] % 2).astype(jnp.float32))
+  straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+  train.train_and_evaluate(smoke(frozenlake, "dapo", data_dir, **{"train.num_steps": 3}), straight)
+  train.train_and_evaluate(smoke(frozenlake, "dapo", data_dir, **{"train.num_steps": 1}), split)
+  summary = train.train_and_evaluate(smoke(frozenlake, "dapo", data_dir, **{"train.num_steps": 3}),
+                                     split)
+  assert summary["step"] == 3
+  rows = {w: {r["step"]: r for r in read_jsonl(os.path.join(w, "metrics.jsonl"))
+              if "rollout/draws" in r} for w in (straight, split)}
+  assert sorted(rows[straight]) == sorted(rows[split]) == [1, 2, 3]
+  for s in (1, 2, 3):
+    for k in ("rollout/draws", "rollout/groups_kept", "learner/updates"):
+      assert rows[straight][s][k] == rows[split][s][k], (s, k)
+  assert sum(r["rollout/draws"] for r in rows[straight].values()) > 3   # some step drew more
+  assert rows[straight][2]["learner/updates"] + rows[straight][3]["learner/updates"] > 0
+  a, b = checkpoint_params(straight, 3), checkpoint_params(split, 3)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert max_abs_diff(a, checkpoint_params(straight, 1)) > 0   # the resumed steps trained
