@@ -15,6 +15,7 @@ from rollout_helpers import rollout_config, steered_model  # noqa: E402
 from tree_rl.envs.frozenlake import FROZEN, GOAL, HOLE, PAD, FrozenLake  # noqa: E402
 from tree_rl.models.tokenizers import BuiltinTokenizer  # noqa: E402
 from tree_rl.rollout import methods, routing, sequences, tree as tree_lib  # noqa: E402
+from tree_rl.rollout.budget import planned_cost  # noqa: E402
 from tree_rl.rollout.capacity import new_cache  # noqa: E402
 from tree_rl.rollout.driver import run  # noqa: E402
 from tree_rl.rollout.engine import Engine, Layout  # noqa: E402
@@ -202,3 +203,6 @@ def test_arpo_caps_max_branches_and_the_budget():
     assert (leaves.sum(1) <= 8).all() and leaves.sum() > P * 2   # some forks did fit
     free = rollout(entropy_threshold=-100.0, max_branches=8)
     assert (np.asarray(free.budget.spent(unit)) > limit).all()
+  # the planned cost (budget.arpo_plan) is the worst case: the free rollout stays within it
+  rc = rollout_config(method="arpo", initial_branches=2, max_branches=8, entropy_threshold=-100.0).rollout
+  assert (np.asarray(free.budget.env_steps) <= planned_cost(rc, "env_steps")).all()
