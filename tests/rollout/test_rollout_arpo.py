@@ -206,3 +206,10 @@ def test_arpo_caps_max_branches_and_the_budget():
   # the planned cost (budget.arpo_plan) is the worst case: the free rollout stays within it
   rc = rollout_config(method="arpo", initial_branches=2, max_branches=8, entropy_threshold=-100.0).rollout
   assert (np.asarray(free.budget.env_steps) <= planned_cost(rc, "env_steps")).all()
+
+
+def test_arpo_refuses_an_engine_that_reports_no_entropy():
+  env, _, _, states, box = setup()
+  plain = Engine(env, TOK, max_turns=3, max_tokens_per_turn=6, attention="reference")
+  with pytest.raises(ValueError, match=r"entropy of 3 reply tokens, the engine reports 0"):
+    run(plain, arpo(), box[0], states, jax.random.key(0), capacity=CAP)

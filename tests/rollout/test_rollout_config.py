@@ -63,6 +63,12 @@ def test_sampler_knobs_reach_the_engine():
   tok = BuiltinTokenizer()
   engine = build.make_engine(c, FrozenLake("rllm_small", tokenizer=tok), tok)
   assert (engine.max_shared_pages, engine.attention) == (12, "cascade")
+  assert engine.entropy_tokens == 0                      # evaluation engines: no entropy
+  c.rollout.method, c.rollout.entropy_tokens = "arpo", 7
+  method, engine, _ = build.make_training_engine(c, FrozenLake("rllm_small", tokenizer=tok), tok)
+  assert method.entropy_tokens == engine.entropy_tokens == 7
+  c.rollout.method = "patr"
+  assert build.make_training_engine(c, FrozenLake("rllm_small", tokenizer=tok), tok)[1].entropy_tokens == 0
 
 
 def test_tree_grpo_keeps_three_leaves_and_refuses_smaller_trees():
