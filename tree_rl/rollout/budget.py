@@ -22,9 +22,10 @@ where `remaining` (`CostModel.remaining`) is the most a branch continuing from a
 d can still spend: `max_turns - d` turns at their most expensive. New branches are granted in
 slot order while they fit; a refused one never starts (chain asks again at the next boundary,
 so its chains start in waves as running chains end; Tree-GRPO's and PATR's refused expansions
-are skipped). Hence spent <= budget always, no leaf is cut by the budget (`budget_cut` in the
-statistics counts leaves stopped before the turn limit for any reason other than the episode
-ending or pruning: 0), and a chain group under a budget has fewer, complete chains.
+and ARPO's refused forks are skipped). Hence spent <= budget always, no leaf is cut by the
+budget (`budget_cut` in the statistics counts leaves stopped before the turn limit for any
+reason other than the episode ending or pruning: 0), and a chain group under a budget has
+fewer, complete chains.
 `validation` refuses a budget below one trajectory's cost (`CostModel.trajectory`).
 
 Planned cost (`planned_trajectories`, `planned_cost`): what a config's rollout shape costs per

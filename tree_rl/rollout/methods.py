@@ -86,6 +86,12 @@ class RolloutMethod:
     return self.slots
 
 
+def root_branches(num_prompts: int, count: int, slots: int) -> jax.Array:
+  """parents [P, slots]: `count` children of the root in the first slots, -1 in the rest."""
+  parents = jnp.where(jnp.arange(slots) < count, 0, -1).astype(jnp.int32)
+  return jnp.broadcast_to(parents, (num_prompts, slots))
+
+
 def _pad(x, width):
   return jnp.pad(x, ((0, 0), (0, width - x.shape[1])), constant_values=-1)
 
@@ -163,9 +169,7 @@ class PATR(RolloutMethod):
     return 1 + self.max_branches * max_turns
 
   def first(self, tree, pstate):
-    p = tree.num_prompts
-    parents = jnp.where(jnp.arange(self.slots) < self.initial_branches, 0, -1)
-    return jnp.broadcast_to(parents, (p, self.slots)).astype(jnp.int32), pstate
+    return root_branches(tree.num_prompts, self.initial_branches, self.slots), pstate
 
   def next(self, tree, frontier, pstate, scores, key):
     go = alive(tree, frontier)
@@ -202,9 +206,7 @@ class ARPO(RolloutMethod):
     return 1 + self.max_branches * max_turns
 
   def first(self, tree, pstate):
-    p = tree.num_prompts
-    parents = jnp.where(jnp.arange(self.slots) < self.initial_branches, 0, -1)
-    return jnp.broadcast_to(parents, (p, self.slots)).astype(jnp.int32), pstate
+    return root_branches(tree.num_prompts, self.initial_branches, self.slots), pstate
 
   def next(self, tree, frontier, pstate, scores, key):
     """Each running branch continues; its parent forks where the entropy rose (docstring)."""
