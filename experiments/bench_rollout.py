@@ -101,7 +101,7 @@ def main(_):
     scorer = rbuild.make_scorer(c, method, env=env, tokenizer=tok, policy_model=model)
     for share in ([True, False] if name in _BASELINE.value else [True]):
       engine = rbuild.make_engine(c, env, tok, share_prefix=share, row_buckets=_ROWS.value,
-                                  obs_buckets=_OBS_BUCKETS.value)
+                                  obs_buckets=_OBS_BUCKETS.value, entropy_tokens=method.entropy_tokens)
       layout = Layout(_PROMPTS.value, method.capacity(engine.max_turns), method.slots, method.num_trees)
       key = (layout.capacity, layout.slots)
       if key not in caches:

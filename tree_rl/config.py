@@ -72,7 +72,7 @@ def base_config() -> ml_collections.ConfigDict:
       # the page-table width is not a knob: it is the longest context the rollout can reach
   )
   c.rollout = dict(
-      method="patr",            # chain | tree_grpo | patr | tree_random
+      method="patr",            # chain | tree_grpo | patr | tree_random | arpo
       prompts_per_step=8,       # prompts sampled per RL step
       max_tokens_per_turn=64,   # new tokens per agent turn
       temperature=1.0,
@@ -84,15 +84,18 @@ def base_config() -> ml_collections.ConfigDict:
       expand_nodes=2,           # tree_grpo: expansion nodes per tree per iteration (N)
       expand_iterations=1,      # tree_grpo: expansion iterations (L); leaves = M * (L * N + 1)
       keep_leaves=3,            # tree_grpo: random leaves kept per tree (K, public code: 3); 0 keeps all
-      initial_branches=4,       # patr / tree_random: branches started per prompt (B0)
-      expand_children=2,        # patr / tree_random: children of an expanded branch (M)
+      initial_branches=4,       # patr / tree_random / arpo: branches started per prompt (B0; ARPO's N)
+      expand_children=2,        # patr / tree_random: children of an expanded branch (M); arpo: a
+                                # forking branch's parent gets expand_children - 1 more children
       score_every=5,            # patr / tree_random: agent steps between scoring rounds (K)
       expand_top_k=2,           # patr / tree_random: branches expanded per scoring round
       prune_alpha=0.5,          # patr / tree_random: prune s < median(active s) - alpha
       prune_repeat=6,           # patr / tree_random: prune after the same action Theta times; 0 off
       keep_pruned=True,         # patr / tree_random: pruned branches stay in the group (else dropped)
       keep_best=0,              # patr / tree_random: only the n best-scored leaves enter the group (Best_n); 0 off
-      max_branches=16,          # patr / tree_random: cap on branches started per prompt
+      max_branches=16,          # patr / tree_random / arpo: cap on branches started per prompt (ARPO's M)
+      entropy_tokens=10,        # arpo: a reply's entropy is the mean over its first k tokens (ARPO's k)
+      entropy_threshold=0.0,    # arpo: fork when H_t - H_0 (nats, vs the chain's first reply) exceeds this
       budget=0,                 # per-prompt budget in budget_unit; 0 = unlimited
       budget_unit="generated",  # generated | computed (generated + prefilled) | tool_calls | env_steps
       dynamic_sampling=False,   # DAPO: drop groups whose outcome rewards are all equal and draw more prompts

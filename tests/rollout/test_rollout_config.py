@@ -8,7 +8,7 @@ from tree_rl.rollout import build, methods
 
 def test_every_method_selectable_with_its_config_fields():
   c = base_config()
-  for name in ("chain", "tree_grpo", "patr", "tree_random"):
+  for name in ("chain", "tree_grpo", "patr", "tree_random", "arpo"):
     c.rollout.method = name
     method = build.make_method(c)
     assert method.name == name
@@ -63,6 +63,12 @@ def test_sampler_knobs_reach_the_engine():
   tok = BuiltinTokenizer()
   engine = build.make_engine(c, FrozenLake("rllm_small", tokenizer=tok), tok)
   assert (engine.max_shared_pages, engine.attention) == (12, "cascade")
+  assert engine.entropy_tokens == 0                      # evaluation engines: no entropy
+  c.rollout.method, c.rollout.entropy_tokens = "arpo", 7
+  method, engine, _ = build.make_training_engine(c, FrozenLake("rllm_small", tokenizer=tok), tok)
+  assert method.entropy_tokens == engine.entropy_tokens == 7
+  c.rollout.method = "patr"
+  assert build.make_training_engine(c, FrozenLake("rllm_small", tokenizer=tok), tok)[1].entropy_tokens == 0
 
 
 def test_tree_grpo_keeps_three_leaves_and_refuses_smaller_trees():
@@ -113,6 +119,13 @@ def _rc(**fields):
     # the same with room for one more expansion only: 2 + 2 * 4/6 = 3 1/3
     (dict(method="patr", max_turns=6, initial_branches=2, expand_children=3, score_every=2,
           expand_top_k=1, max_branches=5), 2 + 4 / 3),
+    # ARPO: B0 chains + (M - B0) forks redoing turn 2 (a first reply's rise is 0): 4 + 4 * 9/10
+    (dict(method="arpo", initial_branches=4, max_branches=8, entropy_threshold=0.0), 7.6),
+    # a negative threshold forks after turn 1 already: every branch is a full trajectory
+    (dict(method="arpo", initial_branches=4, max_branches=8, entropy_threshold=-0.5), 8),
+    # no fork possible: two turns (the second is final), or expand_children = 1
+    (dict(method="arpo", max_turns=2, initial_branches=3, max_branches=8), 3),
+    (dict(method="arpo", initial_branches=3, expand_children=1, max_branches=8), 3),
 ])
 def test_planned_cost_equals_hand_computation(fields, trajectories):
   from tree_rl.rollout.budget import planned_cost, planned_trajectories

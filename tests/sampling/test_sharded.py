@@ -1,4 +1,5 @@
-"""Sharded (data x tensor over 8 CPU devices) greedy decode equals single-device decode."""
+"""Sharded (data x tensor over 8 CPU devices) greedy decode (tokens, logprobs, entropy) equals
+single-device decode."""
 
 import jax
 import numpy as np
@@ -25,8 +26,8 @@ def _program(cache, attention):
   cache, out = sampling.decode(cache, slots, jax.random.key(0), max_tokens=[8, 5] * 4, **kw)
   outs += [out.tokens, out.logprobs, out.lengths]
   cache, pre = sampling.prefill(cache, slots, toks[::-1], (lens % 5) + 1)
-  cache, out = sampling.decode(cache, slots, jax.random.key(1), **kw)
-  outs += [out.tokens, out.logprobs, out.lengths, pre.logits]
+  cache, out = sampling.decode(cache, slots, jax.random.key(1), entropy_tokens=5, **kw)
+  outs += [out.tokens, out.logprobs, out.lengths, pre.logits, out.entropy]
   return cache, outs
 
 

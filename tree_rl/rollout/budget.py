@@ -22,9 +22,10 @@ where `remaining` (`CostModel.remaining`) is the most a branch continuing from a
 d can still spend: `max_turns - d` turns at their most expensive. New branches are granted in
 slot order while they fit; a refused one never starts (chain asks again at the next boundary,
 so its chains start in waves as running chains end; Tree-GRPO's and PATR's refused expansions
-are skipped). Hence spent <= budget always, no leaf is cut by the budget (`budget_cut` in the
-statistics counts leaves stopped before the turn limit for any reason other than the episode
-ending or pruning: 0), and a chain group under a budget has fewer, complete chains.
+and ARPO's refused forks are skipped). Hence spent <= budget always, no leaf is cut by the
+budget (`budget_cut` in the statistics counts leaves stopped before the turn limit for any
+reason other than the episode ending or pruning: 0), and a chain group under a budget has
+fewer, complete chains.
 `validation` refuses a budget below one trajectory's cost (`CostModel.trajectory`).
 
 Planned cost (`planned_trajectories`, `planned_cost`): what a config's rollout shape costs per
@@ -33,7 +34,11 @@ chain G; Tree-GRPO M * (1 + L * N / 2) (the paper's E[B_tree] = M*B + L*N*B/2 wi
 counted over the M trees; here N is per tree, so M*L*N expansions start half-way down on
 average: 6 trajectories for 4 at M=N=2, L=1, the paper's 1.5x); PATR / Tree-Random B0 plus,
 at every scoring round r (turn r*K < max_turns), the branches its expansions start, each
-(max_turns - r*K) / max_turns of a trajectory, with all branches alive and none pruned. Sweeps
+(max_turns - r*K) / max_turns of a trajectory, with all branches alive and none pruned; ARPO
+its worst case: B0 chains plus max_branches - B0 forks, all at the first boundary where the
+entropy rise can exceed the threshold (after turn d0 = 2, or 1 when the threshold is negative:
+a first reply's rise is 0), each redoing turn d0 to the limit ((max_turns - d0 + 1) / max_turns
+of a trajectory; a later fork costs less), B0 when no fork can happen. Sweeps
 that compare methods at an equal budget are checked against it (`experiments/sweeps/build.py`).
 """
 
@@ -178,6 +183,15 @@ def patr_schedule(rc) -> tuple[float, int]:
   return total, alive
 
 
+def arpo_plan(rc) -> float:
+  """ARPO's worst-case trajectories per prompt (module docstring)."""
+  b0, m, turns = int(rc.initial_branches), int(rc.max_branches), int(rc.max_turns)
+  d0 = 1 if float(rc.entropy_threshold) < 0 else 2
+  if int(rc.expand_children) < 2 or turns <= d0:
+    return float(b0)
+  return b0 + (m - b0) * (turns - d0 + 1) / turns
+
+
 def planned_trajectories(rc) -> float:
   """Planned cost per prompt of `config.rollout` `rc`, in full trajectories (module docstring)."""
   method = rc.method
@@ -187,6 +201,8 @@ def planned_trajectories(rc) -> float:
     return int(rc.num_trees) * (1 + int(rc.expand_iterations) * int(rc.expand_nodes) / 2)
   if method in ("patr", "tree_random"):
     return patr_schedule(rc)[0]
+  if method == "arpo":
+    return arpo_plan(rc)
   raise ValueError(f"no planned cost for config.rollout.method={method!r}")
 
 

@@ -34,7 +34,9 @@ def make_method(config) -> methods.RolloutMethod:
 
 
 def make_engine(config, env, tokenizer, **kwargs) -> Engine:
-  """The engine for `env` under config.rollout (sampling settings) and config.sampler.attention."""
+  """The engine for `env` under config.rollout (sampling settings) and config.sampler.attention;
+  it reports no entropy unless `entropy_tokens` is passed (the training engine passes the
+  method's; evaluation needs none)."""
   r = config.rollout
   kwargs.setdefault("attention", config.sampler.attention)
   kwargs.setdefault("max_shared_pages", int(config.sampler.max_shared_pages))
@@ -45,9 +47,9 @@ def make_engine(config, env, tokenizer, **kwargs) -> Engine:
 def make_training_engine(config, env, tokenizer) -> tuple[methods.RolloutMethod, Engine, Layout]:
   """(method, engine, layout) of the training loop's rollouts, `prompts_per_step` prompts: each
   turn decodes and prefills only the live branches (power-of-two row buckets), observations as
-  wide as the longest one."""
+  wide as the longest one; the sampler reports entropy only for a method that branches on it."""
   method = make_method(config)
-  engine = make_engine(config, env, tokenizer)
+  engine = make_engine(config, env, tokenizer, entropy_tokens=method.entropy_tokens)
   layout = Layout(int(config.rollout.prompts_per_step), method.capacity(engine.max_turns),
                   method.slots, method.num_trees)
   return method, engine, layout

@@ -74,6 +74,10 @@ def _boundary(method: RolloutMethod, tree, budget, frontier, pstate, scores, key
   p_idx = jnp.arange(tree.num_prompts)[:, None]
   release = jnp.zeros(tree.used.shape, bool).at[
       p_idx, jnp.where(pruned | stopped, frontier, tree.capacity)].set(True, mode="drop")
+  if method.keep_only_requested:   # contexts the next turn does not branch from are never read
+    requested = jnp.zeros(tree.used.shape, bool).at[
+        p_idx, jnp.where(parents >= 0, parents, tree.capacity)].set(True, mode="drop")
+    release = release | ~requested
   return parents, pstate, tree, budget, release
 
 
@@ -119,6 +123,10 @@ def run(engine: Engine, method: RolloutMethod, cache, env_states, key, *, prompt
   check_unit(budget_unit)
   if method.score_every and scorer is None:
     raise ValueError(f"rollout method {method.name!r} needs a process scorer (config.scorer.name)")
+  if method.entropy_tokens and method.entropy_tokens != engine.entropy_tokens:
+    raise ValueError(f"rollout method {method.name!r} branches on the entropy of "
+                     f"{method.entropy_tokens} reply tokens, the engine reports "
+                     f"{engine.entropy_tokens} (Engine(entropy_tokens=...), rollout.build sets it)")
   p = jax.tree.leaves(env_states)[0].shape[0]
   need = method.capacity(engine.max_turns)
   if capacity is not None and capacity < need:

@@ -92,12 +92,16 @@ class Engine:
   'full' always decodes every slot (one shape). obs_buckets: prefill observations only as wide
   as the longest one (power-of-two buckets). share_prefix=False is the no-sharing baseline: a
   new branch re-encodes its whole root..parent context instead of forking the parent's pages.
+  entropy_tokens=k > 0 has the sampler report the entropy of each reply's first k tokens and
+  stores their mean in `Tree.entropy` (a method that branches on it, e.g. `arpo`); 0 computes
+  none (the tree's entropy stays 0).
   """
 
   def __init__(self, env, tokenizer, *, max_turns: int, max_tokens_per_turn: int,
                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                env_params=None, attention: str = "auto", max_shared_pages: int = 256,
-               row_buckets: str = "pow2", share_prefix: bool = True, obs_buckets: bool = True):
+               row_buckets: str = "pow2", share_prefix: bool = True, obs_buckets: bool = True,
+               entropy_tokens: int = 0):
     check_turn_limits(max_turns, max_tokens_per_turn)
     self.env = env
     self.env_params = env.default_params if env_params is None else env_params
@@ -112,6 +116,9 @@ class Engine:
     self.row_buckets = row_buckets
     self.share_prefix = bool(share_prefix)
     self.obs_buckets = bool(obs_buckets)
+    if int(entropy_tokens) < 0:
+      raise ValueError(f"entropy_tokens must be >= 0 (0: no entropy), got {entropy_tokens}")
+    self.entropy_tokens = int(entropy_tokens)
     self.stop_ids = tuple(tokenizer.stop_ids)
     self.eot = int(tokenizer.end_of_turn_id)
     state, _ = jax.eval_shape(lambda k: env.reset(k, self.env_params), jax.random.key(0))
@@ -175,8 +182,10 @@ class Engine:
                     valid=valid, fork=valid & is_fork.reshape(-1)[f])
     return plan, children, jnp.any(overflow)
 
-  def _commit(self, tree, budget, plan: TurnPlan, out_tokens, out_logprobs, out_lengths, key):
-    """Step the env for every decoded turn and write the child nodes (one jitted call)."""
+  def _commit(self, tree, budget, plan: TurnPlan, out_tokens, out_logprobs, out_lengths, key,
+              out_entropy=None):
+    """Step the env for every decoded turn and write the child nodes (one jitted call).
+    out_entropy [W, max_new] (0 after the first entropy_tokens and after the length) or None."""
     wp, wpar, wchild, valid = plan.prompt, plan.parent, plan.child, plan.valid
     w = wp.shape[0]
     nparent = jnp.maximum(wpar, 0)
@@ -230,6 +239,9 @@ class Engine:
             1, mode="drop"),
         env_state=jax.tree.map(lambda f, s: f.at[wp, rows].set(s, mode="drop"), tree.env_state, state),
         size=tree.size + seg(jnp.ones((w,), jnp.int32)))
+    if out_entropy is not None:   # mean over the reply's first min(k, length) tokens
+      count = jnp.minimum(lens, self.entropy_tokens)
+      tree = tree.replace(entropy=put(tree.entropy, jnp.sum(out_entropy, axis=1) / jnp.maximum(count, 1)))
     tool = jnp.asarray(jax.vmap(self.env.tool_calls)(pstate, state), jnp.int32)
     forks = plan.fork
     budget = budget.add(generated=seg(lens), env_steps=seg(jnp.ones((w,), jnp.int32)),
@@ -333,7 +345,8 @@ class Engine:
     cache, out = sampling.decode(rs.cache, child_slots, key, max_new=self.max_new,
                                  stop_ids=self.stop_ids, temperature=self.temperature,
                                  top_k=self.top_k, top_p=self.top_p, valid=plan.valid,
-                                 attention=self.attention, max_shared_pages=self.max_shared_pages)
+                                 attention=self.attention, max_shared_pages=self.max_shared_pages,
+                                 entropy_tokens=self.entropy_tokens)
     self._check("fork", fork_status, child_slots, forked)   # read after decode is dispatched
     msg = sampling.exhaustion_message(cache, child_slots, out)
     if msg:
@@ -346,7 +359,7 @@ class Engine:
       rs = self.release(rs, parent_mask)
     k_env = jax.random.fold_in(key, 1)
     tree, budget, obs, obs_len, need_obs, ended = self._commit_jit(
-        rs.tree, rs.budget, plan, out.tokens, out.logprobs, out.lengths, k_env)
+        rs.tree, rs.budget, plan, out.tokens, out.logprobs, out.lengths, k_env, out.entropy)
     if self.obs_buckets:   # prefill only as wide as the longest observation
       obs = obs[:, :pow2_bucket(int(jnp.max(obs_len)), 16, obs.shape[1])]
     cache, pre = sampling.prefill(rs.cache, child_slots, obs, jnp.maximum(obs_len, 1), need_obs)

@@ -13,6 +13,18 @@ A rollout method (the branching rule, not the LM policy) chooses, at every turn 
                  at every turn; pruned branches stay in the group (or are dropped), or only
                  the n best-scored leaves do (`keep_best`, the paper's Best_n ablation);
 - `tree_random`: `patr` with the `random` scorer.
+- `arpo`:        ARPO (arXiv 2507.19849), chains that branch on entropy: B0 chains from the root
+                 (its N global samples); after every turn that returned an observation, a
+                 running branch whose reply entropy H_t (`Tree.entropy`: mean over the first
+                 k = entropy_tokens tokens) exceeds its chain's first-reply entropy H_0 (its
+                 depth-1 ancestor's) by more than `entropy_threshold` keeps going and its
+                 parent forks `expand_children - 1` more children that resample that turn from
+                 the parent's context (shared pages): ARPO's P_t = alpha + beta * dH > tau with
+                 alpha = 0, beta = 1, tau = entropy_threshold on the un-normalised dH = H_t - H_0.
+                 At most `max_branches` branches start per prompt (ARPO's budget M; forks are
+                 granted in slot order while they fit); every leaf enters the group. Only
+                 parents of the next turn keep their sampler slot (`keep_only_requested`): the
+                 forks read the contexts of the branches' parents, older ones never again.
 
 Register a new method with `@register("name")` on a `factory(rcfg) -> RolloutMethod`.
 """
@@ -47,6 +59,9 @@ class RolloutMethod:
   keep_contexts: bool            # interior nodes keep their sampler slot (later expansions)
   score_every: int = 0           # scoring rounds every this many turns (0: never)
   scorer_override: str | None = None
+  entropy_tokens: int = 0        # the engine must report the entropy of this many reply tokens
+  keep_only_requested: bool = False   # with keep_contexts: at each boundary, release every node
+                                      # the next turn does not branch from
 
   def capacity(self, max_turns: int) -> int:
     raise NotImplementedError
@@ -69,6 +84,12 @@ class RolloutMethod:
   def max_leaves(self) -> int:
     """Most leaves a prompt's rollout can end with (the width of the group arrays)."""
     return self.slots
+
+
+def root_branches(num_prompts: int, count: int, slots: int) -> jax.Array:
+  """parents [P, slots]: `count` children of the root in the first slots, -1 in the rest."""
+  parents = jnp.where(jnp.arange(slots) < count, 0, -1).astype(jnp.int32)
+  return jnp.broadcast_to(parents, (num_prompts, slots))
 
 
 def _pad(x, width):
@@ -148,9 +169,7 @@ class PATR(RolloutMethod):
     return 1 + self.max_branches * max_turns
 
   def first(self, tree, pstate):
-    p = tree.num_prompts
-    parents = jnp.where(jnp.arange(self.slots) < self.initial_branches, 0, -1)
-    return jnp.broadcast_to(parents, (p, self.slots)).astype(jnp.int32), pstate
+    return root_branches(tree.num_prompts, self.initial_branches, self.slots), pstate
 
   def next(self, tree, frontier, pstate, scores, key):
     go = alive(tree, frontier)
@@ -174,6 +193,33 @@ class PATR(RolloutMethod):
       rank = jax.vmap(routing.best_leaf_score)(tree.score, tree.parent, tree.finished, tree.ret)
       keep = jax.vmap(lambda r, c: routing.keep_best_leaves(r, c, self.keep_best))(rank, keep)
     return keep
+
+
+@dataclasses.dataclass(frozen=True)
+class ARPO(RolloutMethod):
+  initial_branches: int = 4
+  expand_children: int = 2
+  max_branches: int = 16
+  entropy_threshold: float = 0.0
+
+  def capacity(self, max_turns):
+    return 1 + self.max_branches * max_turns
+
+  def first(self, tree, pstate):
+    return root_branches(tree.num_prompts, self.initial_branches, self.slots), pstate
+
+  def next(self, tree, frontier, pstate, scores, key):
+    """Each running branch continues; its parent forks where the entropy rose (docstring)."""
+    go = alive(tree, frontier)
+    first = jax.vmap(routing.first_reply)(tree.parent, tree.depth)
+    rise = gather(tree.entropy, frontier) - gather(tree.entropy, gather(first, frontier))
+    room = self.max_branches - jnp.sum(tree.is_leaf, axis=1)   # branches started so far
+    forks = jax.vmap(lambda r, a, m: routing.arpo_forks(
+        r, a, m, threshold=self.entropy_threshold, extra=self.expand_children - 1))(rise, go, room)
+    src = jnp.stack([frontier, gather(tree.parent, frontier)], axis=-1).reshape(frontier.shape[0], -1)
+    mult = jnp.stack([go.astype(jnp.int32), forks], axis=-1).reshape(src.shape)
+    parents, _ = jax.vmap(lambda f, m: routing.expand_plan(f, m, self.slots))(src, mult)
+    return parents, pstate, jnp.zeros_like(go)
 
 
 Factory = Callable[[Any], RolloutMethod]
@@ -240,3 +286,15 @@ def make_patr(rc) -> RolloutMethod:
 @register("tree_random")
 def make_tree_random(rc) -> RolloutMethod:
   return _patr(rc, "tree_random", scorer="random")
+
+
+@register("arpo")
+def make_arpo(rc) -> RolloutMethod:
+  _positive(rc, "initial_branches", "expand_children", "max_branches", "entropy_tokens")
+  if int(rc.initial_branches) > int(rc.max_branches):
+    raise ValueError(f"config.rollout.initial_branches={rc.initial_branches} exceeds "
+                     f"config.rollout.max_branches={rc.max_branches}")
+  return ARPO(name="arpo", num_trees=1, slots=int(rc.max_branches), keep_contexts=True,
+              entropy_tokens=int(rc.entropy_tokens), keep_only_requested=True,
+              initial_branches=int(rc.initial_branches), expand_children=int(rc.expand_children),
+              max_branches=int(rc.max_branches), entropy_threshold=float(rc.entropy_threshold))

@@ -149,3 +149,24 @@ def expand_plan(parents: jax.Array, multiplicity: jax.Array, capacity: int
   src = jnp.minimum(src, parents.shape[0] - 1)
   out = jnp.where(slot < total, parents[src], -1).astype(jnp.int32)
   return out, jnp.maximum(total - capacity, 0).astype(jnp.int32)
+
+
+def first_reply(parent: jax.Array, depth: jax.Array) -> jax.Array:
+  """Per node of one prompt, its depth-1 ancestor (the first reply of its lineage; itself at
+  depth 1, roots and empty slots map to themselves). parent / depth int [N] -> int32 [N]."""
+  n = parent.shape[0]
+  ptr = jnp.where(depth > 1, parent, jnp.arange(n)).astype(jnp.int32)
+  for _ in range(max(n - 1, 1).bit_length()):   # pointer jumping: 2^k >= the deepest path
+    ptr = ptr[ptr]
+  return ptr
+
+
+def arpo_forks(entropy_rise: jax.Array, active: jax.Array, room: jax.Array, *, threshold: float,
+               extra: int) -> jax.Array:
+  """ARPO's entropy-based branching of one prompt's frontier [S]: an active branch whose
+  entropy rose by more than `threshold` over its chain's first reply gets `extra` new
+  siblings (forks of its parent), granted in slot order while the `room` new branches allow
+  (the last one granted may get fewer). Returns int32 [S]: new siblings per branch."""
+  want = jnp.where(active & (entropy_rise > threshold), max(extra, 0), 0)
+  before = jnp.cumsum(want) - want
+  return jnp.clip(room - before, 0, want).astype(jnp.int32)

@@ -30,6 +30,9 @@ class Tree:
   used: jax.Array          # bool [P, N]
   tokens: jax.Array        # int32 [P, N, T] policy tokens then observation tokens
   logprobs: jax.Array      # float32 [P, N, T] sampler log-probs of policy tokens (0 elsewhere)
+  entropy: jax.Array       # float32 [P, N] mean sampler entropy (nats) of the reply's first k
+                           # tokens (k: the engine's entropy_tokens); 0 at roots, for empty
+                           # replies, and everywhere when the engine computes none (k = 0)
   policy_len: jax.Array    # int32 [P, N]
   obs_len: jax.Array       # int32 [P, N]
   ctx_len: jax.Array       # int32 [P, N] tokens on the root..node path, node included
@@ -78,6 +81,7 @@ def empty(num_prompts: int, capacity: int, node_tokens: int, env_state_example: 
   env = jax.tree.map(lambda x: jnp.zeros((p, n) + jnp.shape(x), jnp.asarray(x).dtype), env_state_example)
   return Tree(parent=zi - 1, depth=zi, tree_id=zi, used=zb,
               tokens=jnp.zeros((p, n, t), jnp.int32), logprobs=jnp.zeros((p, n, t), jnp.float32),
+              entropy=zf,
               policy_len=zi, obs_len=zi, ctx_len=zi, action=zi - 1, action_run=zi,
               score=zf + jnp.nan, reward=zf, ret=zf, finished=zb, pruned=zb, truncated=zb,
               num_children=zi, env_state=env, size=jnp.zeros((p,), jnp.int32),

@@ -341,14 +341,16 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
            temperature=1.0, top_k: int = 0, top_p: float = 1.0, valid=None,
            attention: str = "auto", max_shared_pages: int = 256,
            shared_pages: int | None = None, window_pages: int | None = None,
-           turn_segments: int = 1) -> tuple[Cache, D.DecodeOutput]:
+           turn_segments: int = 1, entropy_tokens: int = 0) -> tuple[Cache, D.DecodeOutput]:
   """Generate one agent turn for rows `slots` [B] in one jitted `lax.while_loop`.
 
   Each row runs from its pending token until it samples one of `stop_ids`, reaches
   min(max_tokens[b], budget[b], max_new) new tokens (defaults: max_new), or cannot store more
   KV. temperature 0 is greedy; top_k (0 = off) and top_p (1.0 = off) are static. Returns
   DecodeOutput(tokens [B, max_new] (-1 padded), logprobs [B, max_new] under softmax(logits /
-  temperature) (temperature 1 when greedy), lengths [B], stop_reason [B] (a `StopReason`)). Check
+  temperature) (temperature 1 when greedy), lengths [B], stop_reason [B] (a `StopReason`),
+  entropy [B, max_new] of that distribution at each row's first `entropy_tokens` tokens (static;
+  0 after them and after the row's length), None when entropy_tokens is 0, the default). Check
   `exhaustion_message` at the turn boundary: rows stopped by OUT_OF_PAGES keep a consistent
   cache and can continue after pages are released or config.sampler.num_pages is raised.
 
@@ -371,6 +373,8 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
     raise ValueError(f"top_p must be in (0, 1], got {top_p}")
   if int(top_k) < 0:
     raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
+  if int(entropy_tokens) < 0:
+    raise ValueError(f"entropy_tokens must be >= 0 (0 disables it), got {entropy_tokens}")
   if attention == "reference" or (isinstance(cache.state.lens, jax.core.Tracer)
                                   and (shared_pages is None or window_pages is None)):
     # Under an outer jit the cache cannot be inspected: the reference layout is always valid.
@@ -390,7 +394,8 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
 
   statics = (("max_new", int(max_new)), ("top_k", int(top_k)), ("top_p", float(top_p)),
              ("shared_pages", int(shared_pages)), ("window_pages", int(window_pages)),
-             ("turn_segments", int(turn_segments)))
+             ("turn_segments", int(turn_segments)),
+             ("entropy_tokens", min(int(entropy_tokens), int(max_new))))
   stop = jnp.asarray(list(stop_ids) if not hasattr(stop_ids, "shape") else stop_ids, jnp.int32).reshape(-1)
   if stop.shape[0] == 0:
     stop = jnp.full((1,), -1, jnp.int32)

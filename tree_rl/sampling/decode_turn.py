@@ -23,7 +23,7 @@ from flax import struct
 
 from tree_rl.sampling import cache as C
 from tree_rl.sampling.attention import attend, gather_pages
-from tree_rl.sampling.sample import sample
+from tree_rl.sampling.sample import policy_entropy, sample
 
 class StopReason(enum.IntEnum):
   """Why a decoded row stopped (`StopReason(code).name` names a code)."""
@@ -46,6 +46,10 @@ class DecodeOutput:
   lengths: jax.Array       # [B] int32 new tokens per row
   stop_reason: jax.Array   # [B] int32, one of the codes above
   steps: jax.Array         # [] or [shards] int32 loop iterations run
+  entropy: jax.Array | None = None  # [B, max_new] float32 entropy (nats) of the distribution each
+                           # token was drawn from, softmax(logits / T) (T = 1 when greedy), for
+                           # the first `entropy_tokens` tokens of each row (0 after them and
+                           # after the row's length); None when entropy_tokens = 0
 
 
 def turn_layout(state: C.CacheState, sl: jax.Array, run: jax.Array):
@@ -71,7 +75,8 @@ def plan(state: C.CacheState, slots: jax.Array, valid: jax.Array) -> jax.Array:
 
 def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, stop_ids,
            temperature, *, max_new: int, top_k: int = 0, top_p: float = 1.0,
-           shared_pages: int = 0, window_pages: int | None = None, turn_segments: int = 1):
+           shared_pages: int = 0, window_pages: int | None = None, turn_segments: int = 1,
+           entropy_tokens: int = 0):
   """Generate up to max_new tokens for rows `slots` [B] (local ids) where `valid` [B].
 
   Each row starts from its pending token and stops at a stop id, at min(max_tokens, budget,
@@ -80,6 +85,8 @@ def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, st
 
   turn_segments > 1 splits the loop into that many consecutive while-loops; segment c attends
   only the turn buffers of segments 0..c, so early steps read less (one compiled body each).
+  entropy_tokens > 0 also reports the sampling distribution's entropy at each row's first
+  entropy_tokens steps (`DecodeOutput.entropy`); 0 computes and carries nothing extra.
   """
   ps, n = state.k.shape[2], state.k.shape[1]
   s, mp = state.lens.shape[0], state.page_table.shape[1]
@@ -133,8 +140,14 @@ def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, st
   vbuf = tuple(tuple(jnp.zeros((b, z, kvh, hd), state.v.dtype) for z in sizes) for _ in range(nl))
   stop_ids = jnp.asarray(stop_ids, jnp.int32).reshape(-1)
 
+  def step_entropy(i, logits):   # only the first entropy_tokens steps compute it
+    if entropy_tokens >= max_new:
+      return policy_entropy(logits, temperature)
+    zeros = lambda lg: jnp.zeros(lg.shape[:1], jnp.float32)  # noqa: E731
+    return jax.lax.cond(i < entropy_tokens, lambda lg: policy_entropy(lg, temperature), zeros, logits)
+
   def body(seg, carry):
-    i, running, reason, pending, nnew, kbuf, vbuf, toks, lps, free_left = carry
+    i, running, reason, pending, nnew, kbuf, vbuf, toks, lps, ents, free_left = carry
     pos = start + nnew
     need = running & (pos % ps == 0)
     cap = need & (pos // ps >= mp)
@@ -165,6 +178,8 @@ def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, st
     tok, lp = sample(jax.random.fold_in(key, i), logits, temperature, top_k, top_p)
     toks = toks.at[:, i].set(jnp.where(running, tok, -1))
     lps = lps.at[:, i].set(jnp.where(running, lp, 0.0))
+    if ents is not None:
+      ents = ents.at[:, i].set(jnp.where(running, step_entropy(i, logits), 0.0))
     nnew = nnew + running
     pending = jnp.where(running, tok, pending)
     stop = running & (tok[:, None] == stop_ids[None, :]).any(1)
@@ -172,15 +187,17 @@ def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, st
     reason = jnp.where(stop, S.STOP_TOKEN,
                        jnp.where(lim, jnp.where(by_budget, S.BUDGET, S.TURN_LIMIT), reason))
     running = running & ~stop & ~lim
-    return i + 1, running, reason, pending, nnew, kbuf, vbuf, toks, lps, free_left
+    return i + 1, running, reason, pending, nnew, kbuf, vbuf, toks, lps, ents, free_left
 
+  ents = jnp.zeros((b, max_new), jnp.float32) if entropy_tokens > 0 else None
   carry = (jnp.int32(0), running, reason, state.pending[sl], jnp.zeros((b,), jnp.int32), kbuf, vbuf,
-           jnp.full((b, max_new), -1, jnp.int32), jnp.zeros((b, max_new), jnp.float32), state.num_free[0])
+           jnp.full((b, max_new), -1, jnp.int32), jnp.zeros((b, max_new), jnp.float32), ents,
+           state.num_free[0])
   for seg in range(nseg):
     hi = bounds[seg + 1]
     carry = jax.lax.while_loop(lambda c, hi=hi: (c[0] < hi) & c[1].any(),
                                functools.partial(body, seg), carry)
-  steps, _, reason, pending, nnew, kbuf, vbuf, toks, lps, _ = carry
+  steps, _, reason, pending, nnew, kbuf, vbuf, toks, lps, ents, _ = carry
   kbuf = [jnp.concatenate(x, axis=1) if nseg > 1 else x[0] for x in kbuf]
   vbuf = [jnp.concatenate(x, axis=1) if nseg > 1 else x[0] for x in vbuf]
 
@@ -208,5 +225,5 @@ def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, st
                         lens=state.lens.at[rows].add(nnew, mode="drop"),
                         pending=state.pending.at[rows].set(pending, mode="drop"))
   out = DecodeOutput(tokens=toks, logprobs=lps, lengths=nnew, stop_reason=reason.astype(jnp.int32),
-                    steps=steps[None])
+                    steps=steps[None], entropy=ents)
   return state, out

@@ -45,3 +45,13 @@ def _top_p_filter(sorted_vals: jax.Array, top_p: float) -> jax.Array:
   probs = jax.nn.softmax(sorted_vals, axis=-1)
   before = jnp.cumsum(probs, axis=-1) - probs
   return jnp.where(before < top_p, sorted_vals, -jnp.inf)
+
+
+def policy_entropy(logits: jax.Array, temperature: jax.Array) -> jax.Array:
+  """logits [B, V] -> entropy [B] float32 (nats) of softmax(logits / T), T = 1 when T <= 0:
+  the distribution `sample` draws from and scores its logprob under (before top-k / top-p)."""
+  t = jnp.asarray(temperature, jnp.float32)
+  policy = logits.astype(jnp.float32) / jnp.where(t > 0, t, 1.0)
+  logp = jax.nn.log_softmax(policy, axis=-1)
+  p = jnp.exp(logp)
+  return -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
