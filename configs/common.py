@@ -14,17 +14,22 @@ ALGOS = {
     "tree_random": ("tree_random", "grpo", "traj_mean_group_mean"),
     "dapo": ("chain", "grpo", "token_mean"),
     "gigpo": ("chain", "gigpo", "token_mean"),
+    "arpo": ("arpo", "grpo", "token_mean"),
 }
 # Each algorithm's own recipe beyond the triple (set after the model presets, so they win).
 # DAPO (arXiv 2503.14476): clip-higher (0.2 / 0.28), token-level loss (above), no KL, dynamic
 # sampling, overlong reward shaping (a window of 20% of the length limit; a reply cut by the
 # per-turn limit counts as overlong: -1). GiGPO (arXiv 2505.10978): step weight 1, gamma 0.95;
-# its public code trains with verl's token mean.
+# its public code trains with verl's token mean. ARPO (arXiv 2507.19849): soft attribution (a
+# shared prefix is trained with each leaf's advantage, the paper's default) and verl's token
+# mean; its branching fields are the config's (B0 chains, forks of expand_children - 1 when the
+# entropy of the first entropy_tokens reply tokens rises by more than entropy_threshold).
 RECIPES = {
     "dapo": {"learner.clip_low": 0.2, "learner.clip_high": 0.28, "learner.kl_coef": 0.0,
              "rollout.dynamic_sampling": True, "learner.overlong_window": 0.2,
              "learner.overlong_truncated": "penalize"},
     "gigpo": {"learner.step_weight": 1.0, "learner.step_gamma": 0.95},
+    "arpo": {"learner.shared_advantage": "per_leaf"},
 }
 
 

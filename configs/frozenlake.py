@@ -12,7 +12,7 @@ Run:
   python -m experiments.train --config=configs/frozenlake.py:algo=patr,model=tiny --workdir=runs/fl
 Smoke (a minute or two on a CPU):
   python -m experiments.train --config=configs/frozenlake.py:algo=tree_grpo,smoke --workdir=runs/fl_smoke
-algo: grpo | rloo | chain | tree_grpo | patr | tree_random | dapo | gigpo;  model: tiny | small | hf (with hf_path=...).
+algo: grpo | rloo | chain | tree_grpo | patr | tree_random | dapo | gigpo | arpo;  model: tiny | small | hf (with hf_path=...).
 Any field can be overridden, e.g. --config.rollout.temperature=0.7
 """
 

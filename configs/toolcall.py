@@ -7,7 +7,7 @@ Run:
   python -m experiments.train --config=configs/toolcall.py:algo=tree_grpo,model=tiny --workdir=runs/qa
 Smoke:
   python -m experiments.train --config=configs/toolcall.py:algo=patr,smoke --workdir=runs/qa_smoke
-algo: grpo | rloo | chain | tree_grpo | patr | tree_random | dapo | gigpo;  model: tiny | small | hf (with hf_path=...).
+algo: grpo | rloo | chain | tree_grpo | patr | tree_random | dapo | gigpo | arpo;  model: tiny | small | hf (with hf_path=...).
 """
 
 from configs.common import apply_algo, apply_model, apply_smoke

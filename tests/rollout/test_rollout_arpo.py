@@ -93,12 +93,15 @@ def next_parents(method):
 
 def test_arpo_forks_the_parent_exactly_when_the_rise_over_the_first_reply_crosses():
   # node 5: H 1.375 - H_0 (node 1) 1.0 = 0.375 (its parent 3 has 1.5: the rise is not vs the
-  # parent); node 4: 2.0625 - 2.0 = 0.0625; node 6 finished: neither continues nor forks.
-  assert next_parents(arpo(entropy_threshold=0.5)) == [5, 4, -1, -1, -1, -1, -1, -1]
-  assert next_parents(arpo(entropy_threshold=0.375)) == [5, 4, -1, -1, -1, -1, -1, -1]  # strict
-  assert next_parents(arpo(entropy_threshold=0.25)) == [5, 3, 3, 4, -1, -1, -1, -1]
-  assert next_parents(arpo(entropy_threshold=0.0)) == [5, 3, 3, 4, 2, 2, -1, -1]
-  # max_branches caps the branches started: 3 so far (leaves 5, 4, 6), room for 2, 1, 0 more
+  # parent); node 4: 2.0625 - 2.0 = 0.0625; node 6: 3.0 - 2.0 = 1.0, and it finished: it does
+  # not continue, but the branching decision precedes the outcome, so its parent 2 forks.
+  assert next_parents(arpo(entropy_threshold=1.0)) == [5, 4, -1, -1, -1, -1, -1, -1]  # strict
+  assert next_parents(arpo(entropy_threshold=0.5)) == [5, 4, 2, 2, -1, -1, -1, -1]
+  assert next_parents(arpo(entropy_threshold=0.375)) == [5, 4, 2, 2, -1, -1, -1, -1]  # strict
+  assert next_parents(arpo(entropy_threshold=0.25)) == [5, 3, 3, 4, 2, 2, -1, -1]
+  # 3 branches so far (leaves 5, 4, 6): room for 5 more; granted in slot order
+  assert next_parents(arpo(entropy_threshold=0.0)) == [5, 3, 3, 4, 2, 2, 2, -1]
+  # max_branches caps the branches started: room for 2, 1, 0 more
   assert next_parents(arpo(entropy_threshold=0.0, max_branches=5)) == [5, 3, 3, 4, -1]
   assert next_parents(arpo(entropy_threshold=0.0, max_branches=4)) == [5, 3, 4, -1]
   assert next_parents(arpo(entropy_threshold=0.0, max_branches=3)) == [5, 4, -1]
@@ -179,7 +182,7 @@ def test_arpo_rollout_forks_exactly_where_the_rise_crosses_the_threshold():
     assert t.is_leaf[p].sum() < 16     # the cap did not bind, so every trigger was granted
     for q in np.nonzero(t.used[p] & (t.num_children[p] > 0))[0]:
       kids = np.nonzero(t.used[p] & (t.parent[p] == q))[0]
-      triggers = int(((rise[p, kids] > tau) & ~ended[p, kids]).sum())
+      triggers = int((rise[p, kids] > tau).sum())     # ended replies fork their parent too
       base = 2 if q == 0 else 1                   # initial branches / the continuation
       assert len(kids) == base + 2 * triggers, (p, q, kids, rise[p, kids])
       forks_seen += triggers

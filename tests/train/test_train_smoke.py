@@ -11,7 +11,7 @@ from tree_rl.train import train_and_evaluate
 
 from loop_helpers import checkpoint_params, max_abs_diff, smoke
 
-METHODS = ["chain", "tree_grpo", "patr", "tree_random", "dapo", "gigpo"]
+METHODS = ["chain", "tree_grpo", "patr", "tree_random", "dapo", "gigpo", "arpo"]
 
 
 @pytest.mark.parametrize("module,algo", [(m, a) for m in (frozenlake, toolcall) for a in METHODS])

@@ -14,11 +14,11 @@ A rollout method (the branching rule, not the LM policy) chooses, at every turn 
                  the n best-scored leaves do (`keep_best`, the paper's Best_n ablation);
 - `tree_random`: `patr` with the `random` scorer.
 - `arpo`:        ARPO (arXiv 2507.19849), chains that branch on entropy: B0 chains from the root
-                 (its N global samples); after every turn that returned an observation, a
-                 running branch whose reply entropy H_t (`Tree.entropy`: mean over the first
+                 (its N global samples); after every turn that followed an observation, a
+                 branch whose reply entropy H_t (`Tree.entropy`: mean over the first
                  k = entropy_tokens tokens) exceeds its chain's first-reply entropy H_0 (its
-                 depth-1 ancestor's) by more than `entropy_threshold` keeps going and its
-                 parent forks `expand_children - 1` more children that resample that turn from
+                 depth-1 ancestor's) by more than `entropy_threshold` keeps going (unless the
+                 turn ended it: the decision precedes the outcome) and its parent forks `expand_children - 1` more children that resample that turn from
                  the parent's context (shared pages): ARPO's P_t = alpha + beta * dH > tau with
                  alpha = 0, beta = 1, tau = entropy_threshold on the un-normalised dH = H_t - H_0.
                  At most `max_branches` branches start per prompt (ARPO's budget M; forks are
@@ -214,8 +214,12 @@ class ARPO(RolloutMethod):
     first = jax.vmap(routing.first_reply)(tree.parent, tree.depth)
     rise = gather(tree.entropy, frontier) - gather(tree.entropy, gather(first, frontier))
     room = self.max_branches - jnp.sum(tree.is_leaf, axis=1)   # branches started so far
+    # ARPO decides from the reply's first k tokens, before the turn's outcome is known: a reply
+    # that then ended the episode (or hit the turn limit) still forks its parent.
+    decoded = (frontier >= 0) & ~gather(tree.pruned, frontier)
     forks = jax.vmap(lambda r, a, m: routing.arpo_forks(
-        r, a, m, threshold=self.entropy_threshold, extra=self.expand_children - 1))(rise, go, room)
+        r, a, m, threshold=self.entropy_threshold, extra=self.expand_children - 1))(
+            rise, decoded, room)
     src = jnp.stack([frontier, gather(tree.parent, frontier)], axis=-1).reshape(frontier.shape[0], -1)
     mult = jnp.stack([go.astype(jnp.int32), forks], axis=-1).reshape(src.shape)
     parents, _ = jax.vmap(lambda f, m: routing.expand_plan(f, m, self.slots))(src, mult)
