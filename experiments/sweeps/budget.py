@@ -9,7 +9,8 @@ within 10% across the methods of a budget by `build.check_equal_budget`): chain 
 chains; Tree-GRPO grows M trees with its N expansions per tree (L rounds) so that
 M * (1 + L*N/2) = k; PATR and Tree-Random raise their initial branches B0 and top-k with the
 budget (M children and the scoring interval K of the base config; M + 1 only where no M shape
-lands within 10%) and get exactly the branch cap their schedule starts.
+lands within 10%) and get exactly the branch cap their schedule starts; DAPO and GiGPO sample k
+chains; ARPO starts about k/2 chains and caps its branches so its worst case plans k.
 """
 
 import functools
@@ -21,7 +22,7 @@ from experiments.sweeps.core import CONFIG_KEY, Sweep
 from tree_rl.rollout.budget import patr_schedule, planned_trajectories
 
 BUDGETS = (2, 4, 8, 16)
-ALGOS = ("grpo", "tree_grpo", "patr", "tree_random")
+ALGOS = ("grpo", "tree_grpo", "patr", "tree_random", "dapo", "gigpo", "arpo")
 TOLERANCE = 0.10
 
 
@@ -73,11 +74,28 @@ def _patr(path: str, algo: str, k: int, extra: dict) -> dict:
       c["rollout.initial_branches"] - c["rollout.max_branches"], c["rollout.expand_top_k"]))
 
 
+def _arpo(path: str, k: int) -> dict:
+  """ARPO's split of the budget: about half global chains, half entropy forks (B0 = k/2 or
+  the nearest that plans k within 10%)."""
+  def err(c):
+    return abs(planned_trajectories(_rollout(path, "arpo", c)) - k) / k
+  cands = [c for c in ({"rollout.initial_branches": b0, "rollout.max_branches": m}
+                       for b0 in range(1, k + 1) for m in range(b0, 4 * k + 1))
+           if err(c) <= TOLERANCE]
+  if not cands:
+    raise ValueError(f"no arpo shape of {path} plans {k} trajectories within 10%")
+  return min(cands, key=lambda c: (abs(2 * c["rollout.initial_branches"] - k), round(err(c), 9)))
+
+
 def method_shapes(path: str, k: int, patr_extra: dict | None = None) -> dict:
-  """{algo: overrides} giving each method a rollout that plans k trajectories per prompt."""
+  """{algo: overrides} giving each method a rollout that plans k trajectories per prompt (DAPO
+  and GiGPO are chains of k; DAPO's dynamic sampling may draw up to `rollout.max_draws` times
+  the prompts, which `rollout/draws` and `rollout/cost_per_kept_group` report)."""
   extra = dict(patr_extra or {})
   return {"grpo": {"rollout.group_size": k}, "tree_grpo": _tree_grpo(path, k),
-          "patr": _patr(path, "patr", k, extra), "tree_random": _patr(path, "tree_random", k, extra)}
+          "patr": _patr(path, "patr", k, extra), "tree_random": _patr(path, "tree_random", k, extra),
+          "dapo": {"rollout.group_size": k}, "gigpo": {"rollout.group_size": k},
+          "arpo": _arpo(path, k)}
 
 
 def budget_entries(path: str, budgets=BUDGETS, patr_extra: dict | None = None) -> dict:

@@ -72,7 +72,8 @@ def test_budget_curve_commands_carry_the_budget_in_generated_tokens():
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.splitlines()
   assert [shlex.split(line)[2] for line in lines] == [
-      f"--workdir=runs/sweeps/budget_curve/{a}_b4_seed1" for a in ("grpo", "tree_grpo", "patr", "tree_random")]
+      f"--workdir=runs/sweeps/budget_curve/{a}_b4_seed1"
+      for a in ("grpo", "tree_grpo", "patr", "tree_random", "dapo", "gigpo", "arpo")]
   for line in lines:
     assert f"--config.rollout.budget={4 * one} --config.rollout.budget_unit=generated" in line
   assert lines[0] == (f"launch/local.sh --config=configs/frozenlake.py:algo=grpo "

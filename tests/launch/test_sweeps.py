@@ -150,17 +150,21 @@ def test_budget_curves_give_every_method_the_same_budget(name, module):
     k = int(k)
     seen.add((algo, k))
     assert c.rollout.budget == k * one and c.rollout.budget_unit == "generated"
-    assert c.rollout.method == {"grpo": "chain"}.get(algo, algo)
+    assert c.rollout.method == {"grpo": "chain", "dapo": "chain", "gigpo": "chain"}.get(algo, algo)
     rc = c.rollout
-    if algo == "grpo":
-      assert rc.group_size == k and c.learner.advantage == "grpo"
+    if algo in ("grpo", "dapo", "gigpo"):
+      assert rc.group_size == k and c.learner.advantage == {"gigpo": "gigpo"}.get(algo, "grpo")
     elif algo == "tree_grpo":   # M * (1 + L*N/2) = k trajectories, the base N and L
       assert (rc.expand_nodes, rc.expand_iterations) == (2, 1) and rc.num_trees * 2 == k
+    elif algo == "arpo":   # worst case: B0 chains, every other branch forked after turn 2
+      t = rc.max_turns
+      worst = (rc.initial_branches * t + (rc.max_branches - rc.initial_branches) * (t - 1)) / t
+      assert abs(worst - k) <= 0.1 * k and abs(2 * rc.initial_branches - k) <= 1
     else:   # B0 branches plus the top-k expansions of each scoring round, all alive
       assert simulated_patr_trajectories(rc) == pytest.approx(k)
-  assert seen == {(a, k) for a in ("grpo", "tree_grpo", "patr", "tree_random") for k in (2, 4, 8, 16)}
-  assert sweep.equal_budget == tuple(tuple(f"{a}_b{k}" for a in ("grpo", "tree_grpo", "patr", "tree_random"))
-                                     for k in (2, 4, 8, 16))
+  algos = ("grpo", "tree_grpo", "patr", "tree_random", "dapo", "gigpo", "arpo")
+  assert seen == {(a, k) for a in algos for k in (2, 4, 8, 16)}
+  assert sweep.equal_budget == tuple(tuple(f"{a}_b{k}" for a in algos) for k in (2, 4, 8, 16))
 
 
 def simulated_patr_trajectories(rc):
@@ -195,6 +199,10 @@ def test_frozenlake_methods_compare_at_the_chain_group_budget():
   assert t.num_trees * (1 + t.expand_iterations * t.expand_nodes / 2) == g
   for algo in ("patr", "tree_random"):
     assert simulated_patr_trajectories(configs[algo].rollout) == pytest.approx(g)
+  for algo in ("dapo", "gigpo"):
+    assert configs[algo].rollout.group_size == g and configs[algo].rollout.method == "chain"
+  a = configs["arpo"].rollout   # B0 = 4 chains, a cap of 8: 4 forks redoing turns 2..10
+  assert (a.method, a.initial_branches, a.max_branches) == ("arpo", 4, 8)
 
 
 def test_unequal_budget_sweep_is_refused_naming_the_entries():
