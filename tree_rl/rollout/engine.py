@@ -27,6 +27,7 @@ from flax import struct
 
 from tree_rl import sampling
 from tree_rl.buckets import pow2_bucket
+from tree_rl.envs.base import pytree_hash
 from tree_rl.rollout import tree as tree_lib
 from tree_rl.rollout.budget import Budget, CostModel, per_parent_forks
 
@@ -65,14 +66,6 @@ class TurnPlan:
   child: jax.Array    # int32 [W] new child node (-1 on padding rows)
   valid: jax.Array    # bool [W] the row is a real request
   fork: jax.Array     # bool [W] the child branches off a parent that already has a child
-
-
-def action_hash(action: Any) -> jax.Array:
-  """An int32 fingerprint of one parsed action pytree (equal actions hash equal)."""
-  leaves = [jnp.ravel(jnp.asarray(x)).astype(jnp.uint32) for x in jax.tree.leaves(action)]
-  flat = jnp.concatenate(leaves) if leaves else jnp.zeros((1,), jnp.uint32)
-  mult = jnp.uint32(1000003) ** jnp.arange(flat.shape[0], dtype=jnp.uint32)
-  return (jnp.sum(flat * mult + jnp.uint32(97)) & jnp.uint32(0x7FFFFFFF)).astype(jnp.int32)
 
 
 def check_turn_limits(max_turns: int, max_tokens_per_turn: int) -> None:
@@ -214,7 +207,7 @@ class Engine:
     lp = jnp.pad(out_logprobs.astype(jnp.float32),
                  ((0, 0), (0, max(0, self.node_tokens - out_logprobs.shape[1]))))[:, :self.node_tokens]
     node_lp = jnp.where(t < lens[:, None], lp, 0.0)
-    ahash = jax.vmap(action_hash)(action)
+    ahash = jax.vmap(pytree_hash)(action)   # equal actions hash equal
     prev_hash = tree.action[wp, nparent]
     run = jnp.where(ahash == prev_hash, tree.action_run[wp, nparent] + 1, 1)
     ret = tree.ret[wp, nparent] + reward

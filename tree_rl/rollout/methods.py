@@ -155,14 +155,11 @@ class TreeGRPO(RolloutMethod):
 
 
 @dataclasses.dataclass(frozen=True)
-class PATR(RolloutMethod):
+class Branching(RolloutMethod):
+  """B0 branches from the root, then branches started by the method up to a per-prompt cap."""
+
   initial_branches: int = 4
   expand_children: int = 2
-  expand_top_k: int = 2
-  prune_alpha: float = 0.5
-  prune_repeat: int = 6
-  keep_pruned: bool = True
-  keep_best: int = 0
   max_branches: int = 16
 
   def capacity(self, max_turns):
@@ -171,13 +168,26 @@ class PATR(RolloutMethod):
   def first(self, tree, pstate):
     return root_branches(tree.num_prompts, self.initial_branches, self.slots), pstate
 
+  def room(self, tree) -> jax.Array:
+    """int32 [P]: branches each prompt may still start (started so far: its leaves)."""
+    return self.max_branches - jnp.sum(tree.is_leaf, axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PATR(Branching):
+  expand_top_k: int = 2
+  prune_alpha: float = 0.5
+  prune_repeat: int = 6
+  keep_pruned: bool = True
+  keep_best: int = 0
+
   def next(self, tree, frontier, pstate, scores, key):
     go = alive(tree, frontier)
     run = gather(tree.action_run, frontier)
     if scores is None:
       route = jax.vmap(lambda a, r: routing.loop_prune(a, r, self.prune_repeat))(go, run)
     else:
-      room = self.max_branches - jnp.sum(tree.is_leaf, axis=1)   # branches started so far
+      room = self.room(tree)
       route = jax.vmap(lambda s, a, r, m: routing.patr_route(
           s, a, r, alpha=self.prune_alpha, theta=self.prune_repeat, top_k=self.expand_top_k,
           children=self.expand_children, room=m))(scores, go, run, room)
@@ -196,24 +206,15 @@ class PATR(RolloutMethod):
 
 
 @dataclasses.dataclass(frozen=True)
-class ARPO(RolloutMethod):
-  initial_branches: int = 4
-  expand_children: int = 2
-  max_branches: int = 16
+class ARPO(Branching):
   entropy_threshold: float = 0.0
-
-  def capacity(self, max_turns):
-    return 1 + self.max_branches * max_turns
-
-  def first(self, tree, pstate):
-    return root_branches(tree.num_prompts, self.initial_branches, self.slots), pstate
 
   def next(self, tree, frontier, pstate, scores, key):
     """Each running branch continues; its parent forks where the entropy rose (docstring)."""
     go = alive(tree, frontier)
     first = jax.vmap(routing.first_reply)(tree.parent, tree.depth)
     rise = gather(tree.entropy, frontier) - gather(tree.entropy, gather(first, frontier))
-    room = self.max_branches - jnp.sum(tree.is_leaf, axis=1)   # branches started so far
+    room = self.room(tree)
     # ARPO decides from the reply's first k tokens, before the turn's outcome is known: a reply
     # that then ended the episode (or hit the turn limit) still forks its parent.
     decoded = (frontier >= 0) & ~gather(tree.pruned, frontier)
