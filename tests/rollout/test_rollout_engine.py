@@ -353,3 +353,56 @@ def test_engine_steps_trace_once_per_shape():
   for seed in range(2):   # 3 turns x 2 rollouts, one trace each
     out, box[0] = run(eng, policy, box[0], states, jax.random.key(seed), capacity=CAPACITY)
   assert int(out.tree.size.sum()) > P
+
+
+def test_gigpo_on_a_tree_rollout_anchors_each_turn_at_its_parents_state():
+  """Step-level advantages work on trees as on chains: each turn's anchor is the env
+  `state_key` of the node it acted from (walked here node by node); within every anchor group
+  of a prompt the step advantages (GiGPO less its episode part) sum to 0, and the first turns
+  of the prompt's trees all act from its initial state; the learner takes the per-turn
+  advantages in both batch formats."""
+  from tree_rl.learner import advantages as adv_lib
+  from tree_rl.learner.batches import LeafBatch, PackedBatch
+  from tree_rl.learner.from_rollout import learner_batches, step_inputs
+  out, _ = cached("tree_grpo")
+  env = FrozenLake("rllm", tokenizer=TOK, min_size=2, max_size=4, max_reply_tokens=6)
+  cfg = rollout_config()
+  cfg.learner.advantage = "gigpo"
+  steps = jax.device_get(step_inputs(out, 3))
+  t = jax.device_get(out.tree)
+  leaf = np.asarray(out.leaf)
+  for p in range(P):
+    for j in range(leaf.shape[1]):
+      path, node = [], int(leaf[p, j])
+      while node >= 0:
+        path.append(node)
+        node = int(t.parent[p, node])
+      path = path[::-1]                                  # root first
+      row = p * leaf.shape[1] + j
+      for d in range(3):
+        if leaf[p, j] >= 0 and d + 1 < len(path):
+          state = jax.tree.map(lambda x: x[p, path[d]], t.env_state)
+          assert steps.node[row, d] == path[d + 1]
+          assert steps.state_key[row, d] == int(env.state_key(state))
+        else:
+          assert not steps.mask[row, d]
+  inp = advantage_inputs(out)
+  full = np.asarray(adv_lib.compute("gigpo", **inp, steps=steps, step_weight=1.0, step_gamma=0.9))
+  episode = np.asarray(adv_lib.get("grpo")(**inp))
+  valid = np.asarray(inp["valid"])
+  step = full - episode[:, None]
+  groups = 0
+  for p in range(P):
+    rows = np.arange(p * leaf.shape[1], (p + 1) * leaf.shape[1])
+    rows = rows[valid[rows]]
+    keys = steps.state_key[rows][steps.mask[rows]]
+    assert len(set(steps.state_key[rows, 0].tolist())) == 1    # one initial state per prompt
+    for k in set(keys.tolist()):
+      members = step[rows][steps.mask[rows] & (steps.state_key[rows] == k)]
+      assert abs(float(members.sum())) < 1e-4
+      groups += len(members) > 1 and np.abs(members).max() > 0
+  assert groups > 0                                            # some anchor compared turns
+  for packed, kind in ((True, PackedBatch), (False, LeafBatch)):
+    cfg.learner.packed = packed
+    (batch,) = learner_batches(cfg, out)
+    assert isinstance(batch, kind)
