@@ -69,6 +69,8 @@ def base_config() -> ml_collections.ConfigDict:
       kv_dtype="bfloat16",      # KV cache dtype: bfloat16 | float32
       attention="auto",         # paged attention: auto (= cascade) | cascade | reference
       max_shared_pages=256,     # cascade: most pages read once per step for all rows (rest go per row)
+      data_shards=0,            # rollouts' data shards on this process's devices (each owns its prompts' slots
+                                # and pages); 0: the most that divide rollout.prompts_per_step and fit the devices
       # the page-table width is not a knob: it is the longest context the rollout can reach
   )
   c.rollout = dict(
@@ -279,7 +281,7 @@ def exit_on_bad_input(main):
 
 # Fields that change neither the policy nor the held-out set: an evaluation may override them.
 EVAL_ONLY = ("train.eval_samples", "train.eval_prompts", "sampler.num_pages", "sampler.attention",
-             "sampler.max_shared_pages", "logging.", "mesh.", "checkpoint.")
+             "sampler.max_shared_pages", "sampler.data_shards", "logging.", "mesh.", "checkpoint.")
 
 
 def _flat(c, prefix="") -> dict:

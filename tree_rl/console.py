@@ -13,17 +13,16 @@ def quiet_libraries() -> None:
     logging.set_verbosity(logging.WARNING)
 
 
-def startup_block(config, workdir: str, *, num_params: int, mesh=None,
+def startup_block(config, workdir: str, *, num_params: int, mesh=None, rollout_mesh=None,
                   resumed_from: str | None = None) -> str:
-  """A few lines: devices and mesh, model size, method, data, workdir, and what resumes."""
+  """A few lines: devices and meshes, model size, method, data, workdir, and what resumes."""
   r, lc, e = config.rollout, config.learner, config.env
   devices = jax.devices()
   kinds = sorted({d.device_kind for d in devices})
-  mesh_text = (" x ".join(f"{n}={s}" for n, s in mesh.shape.items()) if mesh is not None
-               else "none")
+  text = lambda m: " x ".join(f"{n}={s}" for n, s in m.shape.items()) if m is not None else "none"  # noqa: E731
   lines = [
       f"devices   {len(devices)} x {', '.join(kinds)} ({jax.process_count()} process(es)); "
-      f"mesh {mesh_text}",
+      f"mesh {text(mesh)}; rollouts per process {text(rollout_mesh)}",
       f"model     {config.model.preset}{' ' + config.model.hf_path if config.model.hf_path else ''}: "
       f"{num_params / 1e6:.2f}M parameters, {config.model.dtype}",
       f"method    {r.method}, advantage {lc.advantage}, loss aggregation {lc.aggregation}, "

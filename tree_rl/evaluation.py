@@ -28,13 +28,14 @@ EVAL_CHUNK = 32  # prompts per evaluation rollout
 
 class Evaluator:
 
-  def __init__(self, config, env, states, tokenizer):
+  def __init__(self, config, env, states, tokenizer, shards: int = 1):
     self.config = config
     count = int(config.train.eval_prompts)
     n = jax.tree.leaves(states)[0].shape[0]
     self.num_prompts = min(count, n) if count > 0 else n
     self.states = jax.tree.map(lambda x: x[:self.num_prompts], states)
-    self.chunk = min(EVAL_CHUNK, self.num_prompts)
+    # a chunk splits over the rollouts' data shards (padding prompts are not counted)
+    self.chunk = -(-min(EVAL_CHUNK, self.num_prompts) // shards) * shards
     self.k = int(config.train.eval_samples)
     self.has_tools = bool(env.has_tools)
     self.modes = {}

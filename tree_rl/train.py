@@ -49,6 +49,7 @@ class Parts:
   layout: Layout
   train_step: Any
   evaluator: Evaluator
+  rollout_mesh: Any = None   # this process's (data, tensor) mesh of the rollouts; None: one device
 
 
 def build_parts(config) -> Parts:
@@ -61,9 +62,15 @@ def build_parts(config) -> Parts:
                                      policy_model=model)
   validate(config, engine=engine, layout=layout)
   train_step = make_train_step(config, model)
-  evaluator = Evaluator(config, task_set.test_env, task_set.test_states, tokenizer)
+  mesh = capacity.rollout_mesh(config)
+  evaluator = Evaluator(config, task_set.test_env, task_set.test_states, tokenizer,
+                        shards=_shards(mesh))
   return Parts(config, tokenizer, model, model_config, task_set, method, engine, scorer, layout,
-               train_step, evaluator)
+               train_step, evaluator, mesh)
+
+
+def _shards(mesh) -> int:
+  return 1 if mesh is None else mesh.shape["data"]
 
 
 # ----------------------------------------------------------------------------- state
@@ -72,7 +79,8 @@ def build_parts(config) -> Parts:
 def new_cache(parts: Parts, params):
   """One sampler cache for training rollouts and evaluation, bound to `params`."""
   return capacity.config_cache(parts.config, _to_model(parts, params),
-                               [(parts.engine, parts.layout)] + parts.evaluator.rollouts())
+                               [(parts.engine, parts.layout)] + parts.evaluator.rollouts(),
+                               mesh=parts.rollout_mesh)
 
 
 def _to_model(parts: Parts, params) -> nnx.Module:
@@ -252,6 +260,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   num_params = sum(x.size for x in jax.tree.leaves(nnx.state(parts.model, nnx.Param)))
   print(console.startup_block(
       config, workdir, num_params=int(num_params), mesh=parts.train_step.mesh,
+      rollout_mesh=parts.rollout_mesh,
       resumed_from=None if restored is None else f"step {restored[0]} of {ckpt.directory}"),
       flush=True)
   meta = lambda step: {"step": step, "data_position": position, "history": history,
@@ -367,7 +376,8 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
     # Early stopping looks at train maps only: the held-out split stays unseen until RL's eval.
     n = min(int(config.warmstart.eval_prompts), parts.tasks.num_train)
     train_eval = Evaluator(config, parts.tasks.train_env,
-                           jax.tree.map(lambda x: x[:n], parts.tasks.train_states), parts.tokenizer)
+                           jax.tree.map(lambda x: x[:n], parts.tasks.train_states), parts.tokenizer,
+                           shards=_shards(parts.rollout_mesh))
     checks = iter(range(int(config.warmstart.eval_every), 1 << 30, int(config.warmstart.eval_every)))
 
     def evaluate(params):

@@ -58,6 +58,7 @@ def validate(config, *, engine=None, layout=None) -> None:
          f"config.sampler.max_shared_pages must be >= 0, got {s.max_shared_pages}")
   _check(s.kv_dtype in KV_DTYPES, f"config.sampler.kv_dtype={s.kv_dtype!r}; known: {KV_DTYPES}")
   _check(s.attention in ATTENTION, f"config.sampler.attention={s.attention!r}; known: {ATTENTION}")
+  _check_shards(config)
   if m.preset == "hf":
     path = m.hf_path
     _check(bool(path) and os.path.isfile(os.path.join(path, "config.json")),
@@ -96,3 +97,22 @@ def validate(config, *, engine=None, layout=None) -> None:
            f"{layout.num_prompts} prompts (config.rollout.prompts_per_step) x {layout.slots} live "
            f"branches of up to {engine.max_context()} tokens need up to {need} pages of "
            f"{page} tokens (config.sampler.page_size); raise config.sampler.num_pages to >= {need}")
+
+
+def _check_shards(config) -> None:
+  """An explicit `sampler.data_shards` must divide this process's prompts and fit its devices."""
+  import jax
+  from tree_rl.rollout.capacity import tensor_size
+  want, r = int(config.sampler.data_shards), config.rollout
+  _check(want >= 0, f"config.sampler.data_shards must be >= 0 (0: automatic), got {want}")
+  if want == 0:
+    return
+  procs, tensor = jax.process_count(), tensor_size(config)
+  prompts = int(r.prompts_per_step) // procs
+  _check(prompts % want == 0,
+         f"config.rollout.prompts_per_step={r.prompts_per_step} ({prompts} per process over "
+         f"{procs} process(es)) does not split over config.sampler.data_shards={want}: use a "
+         f"multiple of {want * procs} prompts or another shard count (0: automatic)")
+  _check(want * tensor <= jax.local_device_count(),
+         f"config.sampler.data_shards={want} x tensor {tensor} needs {want * tensor} devices; "
+         f"this process has {jax.local_device_count()}")

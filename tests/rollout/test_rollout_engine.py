@@ -348,7 +348,7 @@ def test_engine_steps_trace_once_per_shape():
                row_buckets="full")
   chex.clear_trace_counter()
   eng._commit_jit = jax.jit(chex.assert_max_traces(eng._commit, n=1), donate_argnums=(0, 1))
-  eng._plan_jit = jax.jit(chex.assert_max_traces(eng._plan, n=1), static_argnums=(2,))
+  eng._plan_jit = jax.jit(chex.assert_max_traces(eng._plan, n=1), static_argnums=(2, 3))
   policy = methods.get("chain")(rollout_config().rollout)
   for seed in range(2):   # 3 turns x 2 rollouts, one trace each
     out, box[0] = run(eng, policy, box[0], states, jax.random.key(seed), capacity=CAPACITY)

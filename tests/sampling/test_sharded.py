@@ -1,8 +1,9 @@
-"""Sharded (data x tensor over 8 CPU devices) greedy decode (tokens, logprobs, entropy) equals
-single-device decode."""
+"""Sharded (data x tensor over 8 CPU devices) decode (tokens, logprobs, entropy), greedy and
+sampled, equals single-device decode: a row's draws depend on its own key, not its shard."""
 
 import jax
 import numpy as np
+import pytest
 from jax.sharding import Mesh
 
 from tree_rl import sampling
@@ -12,7 +13,7 @@ from sampling_helpers import check_invariants
 ROWS = 8
 
 
-def _program(cache, attention):
+def _program(cache, attention, temperature):
   """prefill even slots -> fork each into the next odd slot -> decode -> observation -> decode."""
   outs = []
   slots = np.arange(ROWS, dtype=np.int32)
@@ -22,7 +23,7 @@ def _program(cache, attention):
   outs.append(pre.logits[::2])
   cache, status = sampling.fork(cache, slots - slots % 2, slots + 1, valid=slots % 2 == 0)
   outs.append(status)
-  kw = dict(max_new=8, temperature=0.0, attention=attention)
+  kw = dict(max_new=8, temperature=temperature, attention=attention)
   cache, out = sampling.decode(cache, slots, jax.random.key(0), max_tokens=[8, 5] * 4, **kw)
   outs += [out.tokens, out.logprobs, out.lengths]
   cache, pre = sampling.prefill(cache, slots, toks[::-1], (lens % 5) + 1)
@@ -31,7 +32,8 @@ def _program(cache, attention):
   return cache, outs
 
 
-def test_sharded_greedy_decode_equals_single_device(model):
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_sharded_decode_equals_single_device(model, temperature):
   assert len(jax.devices()) == 8
   mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "tensor"))   # Auto axes, as the learner builds it
   common = dict(page_size=4, max_pages_per_seq=16, kv_dtype="float32")
@@ -40,8 +42,8 @@ def test_sharded_greedy_decode_equals_single_device(model):
   assert tuple(sharded.state.k.sharding.spec)[:4] == (None, "data", None, "tensor")
   specs = [tuple(x.sharding.spec) for x in jax.tree.leaves(sharded.params)]
   assert any("tensor" in s for s in specs)
-  single, ref = _program(single, "reference")
-  sharded, got = _program(sharded, "cascade")
+  single, ref = _program(single, "reference", temperature)
+  sharded, got = _program(sharded, "cascade", temperature)
   assert len(got[2].sharding.device_set) == 8
   for a, b in zip(ref, got):
     a, b = np.asarray(a), np.asarray(b)

@@ -25,18 +25,57 @@ def pages_needed(engine, layout, page_size: int) -> int:
 def new_cache(model, rollouts: Sequence[tuple], *, num_pages: int = 0, page_size: int = 16,
               kv_dtype: str = "bfloat16", mesh=None) -> sampling.Cache:
   """An empty cache bound to `model`'s weights that holds any of `rollouts` ((engine, layout)
-  pairs): max(num_pages, each rollout's `pages_needed`) pages of `page_size` tokens."""
+  pairs): per data shard of `mesh` (one without), slots for its share of each layout's prompts
+  and max(num_pages, each rollout's `pages_needed` share) pages of `page_size` tokens."""
   if not rollouts:
     raise ValueError("new_cache needs at least one (engine, layout) rollout to size the cache")
+  shards = 1 if mesh is None else mesh.shape["data"]
+  bad = [l.num_prompts for _, l in rollouts if l.num_prompts % shards]
+  if bad:
+    raise ValueError(f"rollouts of {bad} prompts do not split over {shards} data shards")
   return sampling.init_cache(
-      model, max_seqs=max(l.num_prompts * l.capacity for _, l in rollouts),
-      num_pages=max([int(num_pages)] + [pages_needed(e, l, page_size) for e, l in rollouts]),
+      model, max_seqs=max(l.num_prompts // shards * l.capacity for _, l in rollouts),
+      num_pages=max([int(num_pages)] + [-(-pages_needed(e, l, page_size) // shards)
+                                        for e, l in rollouts]),
       max_pages_per_seq=max(e.pages_per_seq(page_size) for e, _ in rollouts),
       page_size=page_size, kv_dtype=kv_dtype, mesh=mesh)
 
 
-def config_cache(config, model, rollouts: Sequence[tuple]) -> sampling.Cache:
+def config_cache(config, model, rollouts: Sequence[tuple], mesh=None) -> sampling.Cache:
   """`new_cache` with the pool size, page size and KV dtype of `config.sampler`."""
   s = config.sampler
   return new_cache(model, rollouts, num_pages=int(s.num_pages), page_size=int(s.page_size),
-                   kv_dtype=s.kv_dtype)
+                   kv_dtype=s.kv_dtype, mesh=mesh)
+
+
+def rollout_shards(config, local_devices: int | None = None) -> int:
+  """Data shards of this process's rollouts: `sampler.data_shards`, or (0, the default) the
+  most that divide the prompts per step and fit this process's devices (over the tensor
+  axis's size). An explicit count that does not divide the prompts or exceeds the devices is
+  refused by validation."""
+  import jax
+  n = (jax.local_device_count() if local_devices is None else local_devices) // tensor_size(config)
+  prompts = int(config.rollout.prompts_per_step) // jax.process_count()   # this process's share
+  want = int(config.sampler.data_shards)
+  if want > 0:
+    return want
+  return max(d for d in range(1, max(n, 1) + 1) if prompts % d == 0)
+
+
+def tensor_size(config) -> int:
+  """The size of the mesh's tensor axis as configured (1 when -1 or absent)."""
+  names, shape = tuple(config.mesh.axis_names), tuple(config.mesh.shape)
+  return max(int(shape[names.index("tensor")]), 1) if "tensor" in names else 1
+
+
+def rollout_mesh(config):
+  """The rollouts' mesh: this process's first `rollout_shards` x tensor devices as (data,
+  tensor); None for one shard without tensor parallelism (the unsharded cache)."""
+  import jax
+  import numpy as np
+  from jax.sharding import Mesh
+  shards, tensor = rollout_shards(config), tensor_size(config)
+  if shards * tensor == 1:
+    return None
+  devices = np.array(jax.local_devices()[:shards * tensor]).reshape(shards, tensor)
+  return Mesh(devices, ("data", "tensor"))

@@ -51,6 +51,41 @@ class RolloutState:
   peak_pages: jax.Array      # int32 [] largest pages_in_use seen
   layout: Layout
   turns: int = 0
+  shards: int = 1            # the cache's data shards: prompts [d*P/D, (d+1)*P/D) live on shard d
+
+  def slots(self, wp, nodes) -> jax.Array:
+    """Sampler slots of nodes `nodes` of batch prompts `wp` (`slot_ids`)."""
+    return slot_ids(wp, nodes, self.layout, self.shards, self.cache.spec.max_seqs)
+
+
+def slot_ids(wp, nodes, layout: Layout, shards: int, seqs_per_shard: int) -> jax.Array:
+  """The sampler slot of node `nodes` of batch prompt `wp`: prompt p lives on data shard
+  p // (P / shards), in that shard's slot block, with `layout.capacity` slots per prompt."""
+  per = layout.num_prompts // shards
+  wp = jnp.asarray(wp, jnp.int32)
+  return ((wp // per) * seqs_per_shard + (wp % per) * layout.capacity
+          + jnp.maximum(nodes, 0)).astype(jnp.int32)
+
+
+def shard_rows(mask: jax.Array, shards: int, width: int) -> jax.Array:
+  """Indices [width] of the True entries of `mask` [M], compacted per data shard: the M
+  entries form `shards` equal blocks and block d's entries fill rows [d*w, (d+1)*w) (w =
+  width / shards), -1 where a block has fewer; so the sampler, which splits rows over the data
+  axis in equal blocks, finds each row on the shard that holds its slot."""
+  m = mask.shape[0] // shards
+  w = width // shards
+  local = jax.vmap(lambda b: jnp.nonzero(b, size=w, fill_value=-1)[0])(mask.reshape(shards, m))
+  base = (jnp.arange(shards) * m)[:, None]
+  return jnp.where(local >= 0, local + base, -1).reshape(-1).astype(jnp.int32)
+
+
+def shard_width(mask: jax.Array, shards: int, full: int, bucketed: bool) -> int:
+  """Rows for `mask`'s entries laid out by `shard_rows`: `full` unbucketed, else shards x a
+  power of two of the busiest shard's count (one small host read)."""
+  if not bucketed:
+    return full
+  busiest = int(jnp.max(jnp.sum(mask.reshape(shards, -1), axis=1)))
+  return shards * pow2_bucket(busiest, 1, full // shards)
 
 
 class RolloutError(RuntimeError):
@@ -66,6 +101,14 @@ class TurnPlan:
   child: jax.Array    # int32 [W] new child node (-1 on padding rows)
   valid: jax.Array    # bool [W] the row is a real request
   fork: jax.Array     # bool [W] the child branches off a parent that already has a child
+
+
+def node_keys(key, prompt_ids, nodes) -> jax.Array:
+  """Keys [W] of new nodes: fold_in(fold_in(key, prompt id), node), so a node's randomness is a
+  function of its prompt's id (its stream position) and its place in the tree only, never of
+  where its row sits in a batch, a shard or a host."""
+  return jax.vmap(lambda p, n: jax.random.fold_in(jax.random.fold_in(key, p), n))(
+      prompt_ids, jnp.maximum(nodes, 0))
 
 
 def check_turn_limits(max_turns: int, max_tokens_per_turn: int) -> None:
@@ -121,10 +164,11 @@ class Engine:
     self.prompt_capacity, self.obs_capacity = ptok.shape[0], otok.shape[0]
     self.node_tokens = max(self.prompt_capacity, self.max_new + self.obs_capacity)
     self._init_jit = jax.jit(self._init_tree, static_argnums=(2,))
-    self._plan_jit = jax.jit(self._plan, static_argnums=(2,))
+    self._plan_jit = jax.jit(self._plan, static_argnums=(2, 3))
     self._commit_jit = jax.jit(self._commit, donate_argnums=(0, 1))
     self._charge_jit = jax.jit(self._charge_prefill, donate_argnums=(0,))
     self._context_jit = jax.jit(self._contexts)
+    self._keys_jit = jax.jit(node_keys)
 
   # ------------------------------------------------------------------ sizes
   def max_context(self) -> int:
@@ -159,14 +203,15 @@ class Engine:
         size=jnp.full((p,), m, jnp.int32))
     return tree, toks, lens
 
-  def _plan(self, tree, parents, width: int):
-    """Compact the [P, S] parent requests into `width` rows and allocate child nodes."""
+  def _plan(self, tree, parents, width: int, shards: int):
+    """Compact the [P, S] parent requests into `width` rows (grouped by data shard,
+    `shard_rows`) and allocate child nodes."""
     mask = parents >= 0
     children, overflow = tree_lib.allocate(tree, mask)
     had = tree_lib.gather(tree.num_children, parents) > 0
     is_fork = per_parent_forks(parents, mask, had)
     s = parents.shape[1]
-    flat = jnp.nonzero((children >= 0).reshape(-1), size=width, fill_value=-1)[0]
+    flat = shard_rows((children >= 0).reshape(-1), shards, width)
     valid = flat >= 0
     f = jnp.maximum(flat, 0)
     wp = (f // s).astype(jnp.int32)
@@ -188,7 +233,7 @@ class Engine:
     closed = (lens > 0) & (last == self.eot)
     action = jax.vmap(self.env.parse_action)(toks, lens)
     pstate = jax.tree.map(lambda x: x[wp, nparent], tree.env_state)
-    keys = jax.random.split(key, w)
+    keys = node_keys(key, tree.prompt_id[wp], wchild)
     state, _, reward, done, info = jax.vmap(
         lambda k, s, a: self.env.step(k, s, a, self.env_params))(keys, pstate, action)
     depth = tree.depth[wp, nparent] + 1
@@ -258,9 +303,6 @@ class Engine:
     return budget.add(prefilled=jax.ops.segment_sum(jnp.where(ok, computed, 0), wp, num_segments=p))
 
   # ------------------------------------------------------------------ host-level steps
-  def _slots(self, layout: Layout, wp, nodes):
-    return (wp * layout.capacity + jnp.maximum(nodes, 0)).astype(jnp.int32)
-
   def _check(self, what: str, status, slots, valid):
     status, slots, valid = (np.asarray(x) for x in jax.device_get((status, slots, valid)))
     bad = valid & (status != sampling.Status.OK)
@@ -274,40 +316,46 @@ class Engine:
   def start(self, cache, env_states, layout: Layout, prompt_ids=None) -> RolloutState:
     """Roots for every prompt's trees: the prompt prefilled once, forked to the other roots."""
     p, m = layout.num_prompts, layout.num_trees
+    shards = cache.num_shards
     if prompt_ids is None:
       prompt_ids = jnp.arange(p, dtype=jnp.int32)
-    if cache.spec.max_seqs * cache.num_shards < p * layout.capacity:
-      raise ValueError(f"the sampler cache has {cache.spec.max_seqs} slots; the rollout needs "
-                       f"{p * layout.capacity} (prompts x node capacity): size it with rollout.capacity.new_cache")
+    if p % shards:
+      raise ValueError(f"{p} prompts do not split over the sampler cache's {shards} data shards: "
+                       f"use a multiple of {shards} prompts")
+    if cache.spec.max_seqs < (p // shards) * layout.capacity:
+      raise ValueError(f"the sampler cache has {cache.spec.max_seqs} slots per data shard; the "
+                       f"rollout needs {(p // shards) * layout.capacity} (prompts per shard x node "
+                       f"capacity): size it with rollout.capacity.new_cache")
     tree, toks, lens = self._init_jit(env_states, jnp.asarray(prompt_ids, jnp.int32), layout)
     pidx = jnp.arange(p, dtype=jnp.int32)
-    slots0 = pidx * layout.capacity
+    at = lambda wp, nodes: slot_ids(wp, nodes, layout, shards, cache.spec.max_seqs)  # noqa: E731
+    slots0 = at(pidx, jnp.zeros_like(pidx))
     cache, pre = sampling.prefill(cache, slots0, toks, lens)
     self._check("prefill", pre.status, slots0, jnp.ones((p,), bool))
     budget = Budget.zeros(p).add(prefilled=pre.computed)
     live = jnp.zeros((p, layout.capacity), bool).at[:, 0].set(True)
+    chi = at(jnp.repeat(pidx, m - 1), jnp.tile(jnp.arange(1, m), p))   # other roots, prompt-major
     if m > 1 and not self.share_prefix:   # baseline: every tree re-encodes the prompt
-      chi = (pidx[:, None] * layout.capacity + jnp.arange(1, m)[None]).reshape(-1)
       cache, pre = sampling.prefill(cache, chi, jnp.repeat(toks, m - 1, axis=0), jnp.repeat(lens, m - 1))
       self._check("prefill", pre.status, chi, jnp.ones(chi.shape, bool))
       budget = budget.add(forks=jnp.full((p,), m - 1), prefilled=pre.computed.reshape(p, m - 1).sum(1))
       live = live.at[:, :m].set(True)
     elif m > 1:
       par = jnp.repeat(slots0, m - 1)
-      chi = (pidx[:, None] * layout.capacity + jnp.arange(1, m)[None]).reshape(-1)
       cache, st = sampling.fork(cache, par, chi)
       self._check("fork", st, chi, jnp.ones(chi.shape, bool))
       budget = budget.add(forks=jnp.full((p,), m - 1), reused=(m - 1) * lens)
       live = live.at[:, :m].set(True)
     peak = jnp.max(sampling.pages_in_use(cache))
     return RolloutState(cache=cache, tree=tree, budget=budget, live=live, peak_pages=peak,
-                        layout=layout)
+                        layout=layout, shards=shards)
 
   def release(self, rs: RolloutState, mask: jax.Array) -> RolloutState:
     """Free the sampler slots of nodes `mask` [P, N] that still hold a sequence."""
     mask = mask & rs.live
-    n = rs.layout.num_prompts * rs.layout.capacity
-    cache = sampling.release(rs.cache, jnp.arange(n, dtype=jnp.int32), mask.reshape(-1))
+    p, n = rs.layout.num_prompts, rs.layout.capacity
+    slots = rs.slots(jnp.repeat(jnp.arange(p), n), jnp.tile(jnp.arange(n), p))
+    cache = sampling.release(rs.cache, slots, mask.reshape(-1))
     return dataclasses.replace(rs, cache=cache, live=rs.live & ~mask)
 
   def advance(self, rs: RolloutState, parents: jax.Array, key: jax.Array, *,
@@ -317,16 +365,16 @@ class Engine:
     budget-capped chain starts chains later). Returns (state, children [P, S] local node ids,
     -1 where none)."""
     layout = rs.layout
-    count = int(jnp.sum(parents >= 0))
-    if count == 0:
+    requests = (parents >= 0).reshape(-1)
+    if not bool(jnp.any(requests)):
       return rs, jnp.full(parents.shape, -1, jnp.int32)
-    rows = layout.num_prompts * layout.slots
-    width = rows if self.row_buckets == "full" else pow2_bucket(count, 1, rows)
-    plan, children, overflow = self._plan_jit(rs.tree, parents, width)
+    width = shard_width(requests, rs.shards, layout.num_prompts * layout.slots,
+                        self.row_buckets != "full")
+    plan, children, overflow = self._plan_jit(rs.tree, parents, width, rs.shards)
     if bool(overflow):
       raise RolloutError("rollout tree node capacity exceeded (internal sizing error)")
-    par_slots = self._slots(layout, plan.prompt, plan.parent)
-    child_slots = self._slots(layout, plan.prompt, plan.child)
+    par_slots = rs.slots(plan.prompt, plan.parent)
+    child_slots = rs.slots(plan.prompt, plan.child)
     if self.share_prefix:
       forked = plan.valid
       cache, fork_status = sampling.fork(rs.cache, par_slots, child_slots, forked)
@@ -335,7 +383,8 @@ class Engine:
       rs, forked, fork_status = self._reencode_forks(rs, plan, par_slots, child_slots)
     p_idx = jnp.arange(layout.num_prompts)[:, None]
     live = rs.live.at[p_idx, jnp.where(children >= 0, children, layout.capacity)].set(True, mode="drop")
-    cache, out = sampling.decode(rs.cache, child_slots, key, max_new=self.max_new,
+    row_keys = self._keys_jit(key, rs.tree.prompt_id[plan.prompt], plan.child)
+    cache, out = sampling.decode(rs.cache, child_slots, row_keys, max_new=self.max_new,
                                  stop_ids=self.stop_ids, temperature=self.temperature,
                                  top_k=self.top_k, top_p=self.top_p, valid=plan.valid,
                                  attention=self.attention, max_shared_pages=self.max_shared_pages,
@@ -372,13 +421,12 @@ class Engine:
     the rows forked, their fork status)."""
     cont = plan.valid & ~plan.fork
     cache, st = sampling.fork(rs.cache, par_slots, child_slots, cont)
-    num_forks = jnp.sum(plan.fork)
     if self.row_buckets == "full":
       rows, fk = jnp.arange(plan.prompt.shape[0]), plan.fork
-    else:   # re-encode only the forked rows
-      width = pow2_bucket(int(num_forks), 1, plan.prompt.shape[0])
-      rows = jnp.nonzero(plan.fork, size=width, fill_value=0)[0]
-      fk = plan.fork[rows] & (jnp.arange(width) < num_forks)
+    else:   # re-encode only the forked rows (grouped by shard as the plan's rows are)
+      width = shard_width(plan.fork, rs.shards, plan.prompt.shape[0], True)
+      idx = shard_rows(plan.fork, rs.shards, width)
+      rows, fk = jnp.maximum(idx, 0), idx >= 0
     ctx, ctx_len = self._context_jit(rs.tree, plan.prompt[rows], plan.parent[rows])
     cache, pre = sampling.prefill(cache, child_slots[rows], ctx, jnp.maximum(ctx_len, 1), fk)
     self._check("prefill", pre.status, child_slots[rows], fk)

@@ -92,6 +92,12 @@ def root_branches(num_prompts: int, count: int, slots: int) -> jax.Array:
   return jnp.broadcast_to(parents, (num_prompts, slots))
 
 
+def prompt_keys(key: jax.Array, tree: Tree) -> jax.Array:
+  """Keys [P], one per prompt: fold_in(key, prompt id), the same wherever the prompt sits in
+  the batch (several hosts roll out different slices of a step's prompts)."""
+  return jax.vmap(lambda p: jax.random.fold_in(key, p))(tree.prompt_id)
+
+
 def _pad(x, width):
   return jnp.pad(x, ((0, 0), (0, width - x.shape[1])), constant_values=-1)
 
@@ -140,7 +146,7 @@ class TreeGRPO(RolloutMethod):
     running = jnp.any(go, axis=1)
     start = ~running & (pstate < self.expand_iterations)
     candidate = tree.used & ((tree.depth == 0) | (tree.num_children > 0))
-    keys = jax.random.split(key, tree.num_prompts)
+    keys = prompt_keys(key, tree)
     picks = jax.vmap(lambda k, c, t: routing.tree_grpo_pick(k, c, t, self.num_trees,
                                                             self.expand_nodes))(
         keys, candidate, tree.tree_id)
@@ -149,7 +155,7 @@ class TreeGRPO(RolloutMethod):
     return parents, pstate + start, jnp.zeros_like(go)
 
   def keep_leaves(self, tree, key):
-    keys = jax.random.split(key, tree.num_prompts)
+    keys = prompt_keys(key, tree)
     return jax.vmap(lambda k, l, t: routing.keep_random_leaves(k, l, t, self.num_trees, self.keep_k))(
         keys, tree.is_leaf, tree.tree_id)
 

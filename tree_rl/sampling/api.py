@@ -235,13 +235,11 @@ def _plan_op(graphdef, spec, mesh, data_axis, st):
   return plan_shard
 
 
-@_operation(_Layout(num_args=7, replicated=(2, 5, 6)))   # key, stop_ids, temperature
+@_operation(_Layout(num_args=7, replicated=(5, 6)))   # stop_ids, temperature
 def _decode_op(graphdef, spec, mesh, data_axis, st):
-  def decode_shard(params, state, slots, valid, key, max_tokens, budget, stop_ids, temperature):
+  def decode_shard(params, state, slots, valid, keys, max_tokens, budget, stop_ids, temperature):
     slots, valid = _localise(slots, valid, spec, mesh, data_axis)
-    if mesh is not None:
-      key = jax.random.fold_in(key, jax.lax.axis_index(data_axis))
-    return D.decode(_merge(graphdef, params), state, slots, valid, key, max_tokens, budget,
+    return D.decode(_merge(graphdef, params), state, slots, valid, keys, max_tokens, budget,
                     stop_ids, temperature, **st)
   return decode_shard
 
@@ -344,7 +342,8 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
            turn_segments: int = 1, entropy_tokens: int = 0) -> tuple[Cache, D.DecodeOutput]:
   """Generate one agent turn for rows `slots` [B] in one jitted `lax.while_loop`.
 
-  Each row runs from its pending token until it samples one of `stop_ids`, reaches
+  key: one key (row b then draws with fold_in(key, b)) or keys [B], one per row (`row_keys`);
+  either way a row's tokens depend on its own key only, never on the mesh. Each row runs from its pending token until it samples one of `stop_ids`, reaches
   min(max_tokens[b], budget[b], max_new) new tokens (defaults: max_new), or cannot store more
   KV. temperature 0 is greedy; top_k (0 = off) and top_p (1.0 = off) are static. Returns
   DecodeOutput(tokens [B, max_new] (-1 padded), logprobs [B, max_new] under softmax(logits /
@@ -399,8 +398,20 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
   stop = jnp.asarray(list(stop_ids) if not hasattr(stop_ids, "shape") else stop_ids, jnp.int32).reshape(-1)
   if stop.shape[0] == 0:
     stop = jnp.full((1,), -1, jnp.int32)
-  return _call(_decode_op, cache, slots, valid, key, per_row(max_tokens, "max_tokens"),
+  return _call(_decode_op, cache, slots, valid, row_keys(key, b), per_row(max_tokens, "max_tokens"),
                per_row(budget, "budget"), stop, jnp.float32(temperature), statics=statics)
+
+
+def row_keys(key, b: int) -> jax.Array:
+  """Per-row keys [b]: `key` itself when it already holds one key per row, else
+  fold_in(key, row). Row b's tokens depend only on its key, so how rows split over shards
+  never changes what they sample."""
+  key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+  if key.ndim == 1:
+    if key.shape[0] != b:
+      raise ValueError(f"decode: {key.shape[0]} row keys for {b} rows")
+    return key
+  return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(b))
 
 
 def exhaustion_message(cache: Cache, slots, out: D.DecodeOutput) -> str | None:

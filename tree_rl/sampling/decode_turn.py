@@ -73,12 +73,13 @@ def plan(state: C.CacheState, slots: jax.Array, valid: jax.Array) -> jax.Array:
   return jnp.stack([cand.sum(), private.sum(1).max(), used.sum(1).max()]).astype(jnp.int32)
 
 
-def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, stop_ids,
+def decode(model, state: C.CacheState, slots, valid, keys, max_tokens, budget, stop_ids,
            temperature, *, max_new: int, top_k: int = 0, top_p: float = 1.0,
            shared_pages: int = 0, window_pages: int | None = None, turn_segments: int = 1,
            entropy_tokens: int = 0):
   """Generate up to max_new tokens for rows `slots` [B] (local ids) where `valid` [B].
 
+  keys [B]: one random key per row (step i of row b draws with fold_in(keys[b], i)).
   Each row starts from its pending token and stops at a stop id, at min(max_tokens, budget,
   max_new) new tokens, or when it cannot store more KV. The last sampled token becomes the
   row's pending token. Returns (state, DecodeOutput).
@@ -175,7 +176,8 @@ def decode(model, state: C.CacheState, slots, valid, key, max_tokens, budget, st
 
     hidden, (kbuf, vbuf) = model.forward(pending[:, None], pos[:, None], attend_fn, (kbuf, vbuf))
     logits = model.logits(hidden[:, 0])
-    tok, lp = sample(jax.random.fold_in(key, i), logits, temperature, top_k, top_p)
+    tok, lp = sample(jax.vmap(lambda k: jax.random.fold_in(k, i))(keys), logits, temperature,
+                     top_k, top_p)
     toks = toks.at[:, i].set(jnp.where(running, tok, -1))
     lps = lps.at[:, i].set(jnp.where(running, lp, 0.0))
     if ents is not None:

@@ -10,6 +10,9 @@ def sample(key: jax.Array, logits: jax.Array, temperature: jax.Array, top_k: int
            top_p: float = 1.0) -> tuple[jax.Array, jax.Array]:
   """logits [B, V] float32 -> (tokens [B] int32, logprob [B] under softmax(logits / T)).
 
+  key: one key for the batch, or keys [B], one per row (row b's draw then depends on its own
+  key only, wherever the row sits in the batch).
+
   top_k (0 = off) and top_p (1.0 = off) are static so disabled filters cost nothing;
   temperature T is a traced scalar, and T <= 0 means greedy (logprob then under T = 1). The
   logprob is of the tempered distribution before the top-k / top-p filters: the policy the
@@ -17,6 +20,10 @@ def sample(key: jax.Array, logits: jax.Array, temperature: jax.Array, top_k: int
   """
   logits = logits.astype(jnp.float32)
   t = jnp.asarray(temperature, jnp.float32)
+  if key.ndim == 1:   # per-row keys
+    categorical = jax.vmap(lambda k, v: jax.random.categorical(k, v, axis=-1))
+  else:
+    categorical = lambda k, v: jax.random.categorical(k, v, axis=-1)  # noqa: E731
 
   def draw(logits):
     scaled = logits / jnp.maximum(t, 1e-6)
@@ -24,14 +31,14 @@ def sample(key: jax.Array, logits: jax.Array, temperature: jax.Array, top_k: int
       vals, idx = jax.lax.top_k(scaled, top_k)
       if top_p < 1.0:
         vals = _top_p_filter(vals, top_p)
-      choice = jax.random.categorical(key, vals, axis=-1)
+      choice = categorical(key, vals)
       return jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
     if top_p < 1.0:
       order = jnp.argsort(-scaled, axis=-1)
       vals = _top_p_filter(jnp.take_along_axis(scaled, order, axis=-1), top_p)
-      choice = jax.random.categorical(key, vals, axis=-1)
+      choice = categorical(key, vals)
       return jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
-    return jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+    return categorical(key, scaled).astype(jnp.int32)
 
   greedy = lambda logits: jnp.argmax(logits, axis=-1).astype(jnp.int32)  # noqa: E731
   tokens = jax.lax.cond(t > 0, draw, greedy, logits)   # only one branch runs

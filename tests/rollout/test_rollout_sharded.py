@@ -1,0 +1,124 @@
+"""The engine under a (data=4, tensor=2) mesh of 8 CPU devices: every method's trees equal the
+unsharded rollout's, and each prompt's slots and pages live on its own data shard."""
+
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+sys.path.insert(0, str(Path(__file__).parent))
+from rollout_helpers import CAPACITY, moves_model, rollout_config  # noqa: E402
+
+from tree_rl import sampling  # noqa: E402
+from tree_rl.envs.frozenlake import FROZEN, GOAL, HOLE, PAD, FrozenLake  # noqa: E402
+from tree_rl.models.tokenizers import BuiltinTokenizer  # noqa: E402
+from tree_rl.rollout import methods, scorers  # noqa: E402
+from tree_rl.rollout.capacity import new_cache  # noqa: E402
+from tree_rl.rollout.driver import run  # noqa: E402
+from tree_rl.rollout.engine import Engine, Layout, slot_ids  # noqa: E402
+
+TOK = BuiltinTokenizer()
+P = 8   # two prompts per data shard
+f, h, g, x = FROZEN, HOLE, GOAL, PAD
+MAPS = [([[f, f, f, f], [f, f, h, f], [f, f, f, f], [f, f, f, g]], 4, (0, 0)),
+        ([[f, f, f, x], [f, f, g, x], [h, f, f, x], [x, x, x, x]], 3, (0, 0)),
+        ([[f, h, x, x], [f, g, x, x], [x, x, x, x], [x, x, x, x]], 2, (0, 0)),
+        ([[f, f, f, x], [h, f, f, x], [g, f, f, x], [x, x, x, x]], 3, (0, 1))]
+
+
+@pytest.fixture(scope="module")
+def parts():
+  env = FrozenLake("rllm", tokenizer=TOK, min_size=2, max_size=4, max_reply_tokens=6)
+  model = moves_model(TOK)
+  engine = Engine(env, TOK, max_turns=3, max_tokens_per_turn=6, attention="reference",
+                  entropy_tokens=2)
+  states = [env.init_state(jnp.array(t), n, n, jnp.array(s)) for t, n, s in MAPS * 2]
+  states = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+  mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "tensor"))
+  rollouts = [(engine, Layout(P, CAPACITY, 4, 2))]
+  caches = {"single": new_cache(model, rollouts, page_size=16, kv_dtype="float32"),
+            "sharded": new_cache(model, rollouts, page_size=16, kv_dtype="float32", mesh=mesh)}
+  return env, engine, states, caches
+
+
+def _rollout(parts, which, method):
+  env, engine, states, caches = parts
+  cfg = rollout_config(method=method, entropy_tokens=2, entropy_threshold=0.0)
+  policy = methods.get(method)(cfg.rollout)
+  sc = None
+  if policy.score_every:
+    scfg = cfg.scorer
+    scfg.name = policy.scorer_override or "heuristic"
+    sc = scorers.build(scfg, env=env)
+  out, caches[which] = run(engine, policy, caches[which], states, jax.random.key(5), scorer=sc,
+                           prompt_ids=jnp.arange(100, 100 + P), capacity=CAPACITY)
+  return jax.device_get(out)
+
+
+@pytest.mark.parametrize("method", ["chain", "tree_grpo", "patr", "tree_random", "arpo"])
+def test_sharded_rollout_builds_the_same_trees(parts, method):
+  a, b = _rollout(parts, "single", method), _rollout(parts, "sharded", method)
+  for field in ("parent", "used", "tokens", "policy_len", "obs_len", "depth", "finished",
+                "truncated", "pruned", "num_children"):
+    np.testing.assert_array_equal(getattr(a.tree, field), getattr(b.tree, field), err_msg=field)
+  for field in ("reward", "ret"):
+    np.testing.assert_allclose(getattr(a.tree, field), getattr(b.tree, field), err_msg=field)
+  np.testing.assert_allclose(a.tree.logprobs, b.tree.logprobs, atol=2e-4)
+  np.testing.assert_array_equal(a.leaf, b.leaf)
+  np.testing.assert_array_equal(a.valid, b.valid)
+  assert a.tree.used.sum() > 2 * P                    # the rollout went somewhere
+  for k in ("generated", "env_steps", "forks"):
+    np.testing.assert_array_equal(getattr(a.budget, k), getattr(b.budget, k), err_msg=k)
+
+
+def test_each_prompt_lives_on_its_shard(parts):
+  env, engine, states, caches = parts
+  cache = caches["sharded"]
+  layout = Layout(P, CAPACITY, 4, 2)
+  assert cache.num_shards == 4 and cache.spec.max_seqs == (P // 4) * CAPACITY
+  policy = methods.get("tree_grpo")(rollout_config().rollout)
+  rs = engine.start(cache, states, layout, jnp.arange(P))
+  frontier = policy.first(rs.tree, policy.init(P))[0]
+  rs, _ = engine.advance(rs, frontier, jax.random.key(0), keep_parents=True)
+  live = np.asarray(jax.device_get(rs.cache.state.live)).reshape(4, -1)
+  nodes = np.asarray(rs.live)                      # [P, N]: the engine's live nodes
+  pages = np.asarray(sampling.pages_in_use(rs.cache))
+  for d in range(4):
+    mine = np.asarray(slot_ids(jnp.repeat(jnp.arange(2 * d, 2 * d + 2), CAPACITY),
+                               jnp.tile(jnp.arange(CAPACITY), 2), layout, 4, cache.spec.max_seqs))
+    assert (mine // cache.spec.max_seqs == d).all()
+    # shard d's live slots are exactly its two prompts' live nodes
+    np.testing.assert_array_equal(live[d][mine % cache.spec.max_seqs],
+                                  nodes[2 * d:2 * d + 2].reshape(-1))
+    assert live[d].sum() == nodes[2 * d:2 * d + 2].sum() >= 2 and pages[d] > 0
+  caches["sharded"] = engine.release(rs, rs.live).cache
+
+
+def test_rollout_shards_follow_the_prompts_and_the_devices():
+  from tree_rl.rollout.capacity import rollout_shards
+  c = rollout_config()
+  c.mesh.shape = (-1, 1, 2)
+  for prompts, devices, want in ((8, 8, 4), (2, 8, 2), (6, 8, 3), (5, 8, 1), (8, 2, 1)):
+    c.rollout.prompts_per_step = prompts
+    assert rollout_shards(c, devices) == want, (prompts, devices)
+  c.sampler.data_shards = 2
+  assert rollout_shards(c, 8) == 2
+
+
+def test_validation_refuses_shards_that_do_not_split_the_prompts():
+  from configs import frozenlake
+  from tree_rl.validation import ConfigError, validate
+  c = frozenlake.get_config("algo=chain,smoke")   # 2 prompts per step
+  c.sampler.data_shards = 3
+  with pytest.raises(ConfigError, match=r"config.rollout.prompts_per_step=2 .* does not split over "
+                                        r"config.sampler.data_shards=3"):
+    validate(c)
+  c.sampler.data_shards = 16
+  c.rollout.prompts_per_step = 16
+  with pytest.raises(ConfigError, match=r"data_shards=16 x tensor 1 needs 16 devices; this "
+                                        r"process has 8"):
+    validate(c)
