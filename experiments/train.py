@@ -36,11 +36,16 @@ def main(argv):
   if _PRINT_CONFIG.value:
     print(config.to_json_best_effort(indent=2))
     return
+  # Multi-host: jax.distributed.initialize before anything touches a device.
+  from tree_rl.learner.sharding import maybe_initialize_distributed
+  maybe_initialize_distributed(config.mesh)
   compile_cache.enable(_CACHE.value)
   from tree_rl.train import train_and_evaluate
   summary = train_and_evaluate(config, _WORKDIR.value)
-  print(summary_table(summary))
-  print(json.dumps(summary))
+  import jax
+  if jax.process_index() == 0:
+    print(summary_table(summary))
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

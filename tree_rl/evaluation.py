@@ -17,7 +17,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from tree_rl import console
+from tree_rl import console, hosts
 from tree_rl.rollout import build as rollout_build
 from tree_rl.rollout.driver import run
 from tree_rl.rollout.engine import Layout
@@ -34,8 +34,11 @@ class Evaluator:
     n = jax.tree.leaves(states)[0].shape[0]
     self.num_prompts = min(count, n) if count > 0 else n
     self.states = jax.tree.map(lambda x: x[:self.num_prompts], states)
-    # a chunk splits over the rollouts' data shards (padding prompts are not counted)
-    self.chunk = -(-min(EVAL_CHUNK, self.num_prompts) // shards) * shards
+    # a chunk splits over the processes and each process's data shards (padding prompts are
+    # not counted); process i evaluates its share of every chunk, and the results are gathered
+    split = shards * hosts.count()
+    self.chunk = -(-min(EVAL_CHUNK, self.num_prompts) // split) * split
+    self.local = self.chunk // hosts.count()
     self.k = int(config.train.eval_samples)
     self.has_tools = bool(env.has_tools)
     self.modes = {}
@@ -47,7 +50,7 @@ class Evaluator:
       c.rollout.budget = 0
       method = rollout_build.make_method(c)
       engine = rollout_build.make_engine(c, env, tokenizer)
-      layout = Layout(self.chunk, method.capacity(engine.max_turns), method.slots, method.num_trees)
+      layout = Layout(self.local, method.capacity(engine.max_turns), method.slots, method.num_trees)
       self.modes[mode] = (method, engine, layout)
 
   def rollouts(self) -> list[tuple]:
@@ -62,16 +65,18 @@ class Evaluator:
                            leave=False, unit="chunk")
     for lo in range(0, self.num_prompts, self.chunk):
       bar.update(1)
-      idx = np.minimum(np.arange(lo, lo + self.chunk), self.num_prompts - 1)
+      mine = lo + hosts.index() * self.local + np.arange(self.local)
+      idx = np.minimum(mine, self.num_prompts - 1)
       states = jax.tree.map(lambda x: x[idx], self.states)
       out, cache = run(engine, method, cache, states, jax.random.fold_in(key, lo),
                        prompt_ids=jnp.asarray(idx, jnp.int32), capacity=layout.capacity)
       real = (np.arange(lo, lo + self.chunk) < self.num_prompts)
-      rewards.append(np.asarray(out.reward)[real])
-      valid.append(np.asarray(out.valid)[real])
-      turns.append(np.asarray(gather(out.tree.depth, out.leaf))[real])
-      calls.append(np.asarray(out.budget.tool_calls)[real])
-      generated.append(np.asarray(out.budget.generated)[real])
+      every = lambda x: hosts.gather(np.asarray(x)).reshape((self.chunk,) + np.shape(x)[1:])[real]  # noqa: E731
+      rewards.append(every(out.reward))
+      valid.append(every(out.valid))
+      turns.append(every(gather(out.tree.depth, out.leaf)))
+      calls.append(every(out.budget.tool_calls))
+      generated.append(every(out.budget.generated))
     bar.close()
     cat = np.concatenate
     return (cat(rewards), cat(valid), cat(turns), cat(calls), cat(generated)), cache

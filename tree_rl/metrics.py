@@ -16,6 +16,19 @@ def _scalar(value):
   return value
 
 
+class NullWriter:
+  """A `MetricsWriter` that writes nothing (the processes other than 0 of a multi-host job)."""
+
+  def write(self, step, metrics):
+    del step, metrics
+
+  def truncate_after(self, step):
+    del step
+
+  def close(self):
+    pass
+
+
 class MetricsWriter:
   """`write(step, {"train/loss": ..., "eval/success": ...})` appends one JSON line per call."""
 

@@ -41,7 +41,10 @@ def data_dir(config) -> str:
 def build(config, tokenizer) -> TaskSet:
   import tensorflow_datasets as tfds
   tfds.disable_progress_bar()
-  return envs.entry(config.env.name).part("tasks")(config, tokenizer, data_dir(config))
+  from tree_rl import hosts
+  make = envs.entry(config.env.name).part("tasks")
+  # process 0 prepares the TFDS task set; the others then read it
+  return hosts.main_first(lambda: make(config, tokenizer, data_dir(config)))
 
 
 def frozenlake_tasks(config, tokenizer, directory) -> TaskSet:

@@ -21,12 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tree_rl import console, tasks
+from tree_rl import console, hosts, tasks
 from tree_rl.checkpointing import Checkpointer
 from tree_rl.evaluation import Evaluator
 from tree_rl.learner import from_rollout
 from tree_rl.learner.train_step import make_train_step
-from tree_rl.metrics import MetricsWriter, plot_curves, read_jsonl
+from tree_rl.metrics import MetricsWriter, NullWriter, plot_curves, read_jsonl
 from tree_rl.models import build_model, build_tokenizer
 from tree_rl.rollout import build as rollout_build, capacity
 from tree_rl.rollout.driver import run
@@ -131,10 +131,11 @@ def _eval_key(config) -> jax.Array:
 
 
 def _draw(parts: Parts, cache, step: int, position: int, draw: int):
-  """Rollout `draw` of step `step`: the prompts at stream positions [position, position + P)."""
+  """Rollout `draw` of step `step`: this process's share of the prompts at stream positions
+  [position, position + P) (`hosts.share`)."""
   config = parts.config
-  ids, groups = _prompt_batch(config, parts.tasks.num_train, position,
-                              int(config.rollout.prompts_per_step))
+  offset, count = hosts.share(int(config.rollout.prompts_per_step))
+  ids, groups = _prompt_batch(config, parts.tasks.num_train, position + offset, count)
   states = jax.tree.map(lambda x: x[ids], parts.tasks.train_states)
   key = _step_key(config, step, 0)
   out, cache = run(parts.engine, parts.method, cache, states,
@@ -153,27 +154,30 @@ def _rollouts(parts: Parts, cache, step: int, position: int):
   the stream position after the step is checkpointed, so a resumed run draws the same."""
   config = parts.config
   p = int(config.rollout.prompts_per_step)
+  mine = hosts.share(p)[1]   # this process's prompts per draw
   dynamic = bool(config.rollout.dynamic_sampling)
   eot = int(parts.tokenizer.end_of_turn_id)
   trees, first, spent, repeated = [], None, 0.0, 0
   kept = draws = 0
-  while draws < (int(config.rollout.max_draws) if dynamic else 1) and kept < p:
+  missing = mine   # the most any process still lacks (every process draws as often)
+  while draws < (int(config.rollout.max_draws) if dynamic else 1) and missing > 0:
     out, cache, ids = _draw(parts, cache, step, position + draws * p, draws)
     jax.block_until_ready(out.tree.tokens)
     first = out if first is None else first
-    repeated += p - len(np.unique(ids))
+    repeated += mine - len(np.unique(ids))
     spent += float(np.sum(np.asarray(out.budget.spent(config.rollout.budget_unit))))
     draws += 1
-    rows = np.arange(p)
+    rows = np.arange(mine)
     if dynamic:
-      rows = np.nonzero(from_rollout.informative_groups(out))[0][:p - kept]
+      rows = np.nonzero(from_rollout.informative_groups(out))[0][:mine - kept]
     trees += from_rollout.rollout_trees(config, out, eot, prompts=rows)
     kept += len(rows)
+    missing = hosts.agree_max({"missing": mine - kept})["missing"]
   metrics = {f"rollout/{k}": v for k, v in first.stats.items()}
   metrics["rollout/repeated_tasks"] = repeated   # copies beyond the first within a draw
   if dynamic:
     metrics.update({"rollout/draws": draws, "rollout/groups_kept": kept,
-                    "rollout/groups_dropped": draws * p - kept,
+                    "rollout/groups_dropped": draws * mine - kept,
                     "rollout/cost_per_kept_group": spent / max(kept, 1)})
   return trees, draws * p, cache, metrics
 
@@ -187,6 +191,9 @@ def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: i
   rollout_s = time.perf_counter() - t0
   t1 = time.perf_counter()
   batches = from_rollout.make_batches(config, trees, parts.train_step.row_multiple)
+  tokens = sum(int(np.sum(np.asarray(b.loss_mask))) for b in batches) * int(config.train.ppo_epochs)
+  if hosts.count() > 1:   # this process's rows of each global batch
+    batches = [parts.train_step.shard_batch(b) for b in batches]
   if float(config.learner.kl_coef):
     batches = [parts.train_step.with_ref_logprobs(ref_params, b) for b in batches]
   learner_metrics = []
@@ -196,7 +203,7 @@ def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: i
       learner_metrics.append(m)
   learner_metrics = jax.device_get(learner_metrics)
   learner_s = time.perf_counter() - t1
-  tokens = sum(int(np.sum(np.asarray(b.loss_mask))) for b in batches) * int(config.train.ppo_epochs)
+  metrics = hosts.mean_metrics(metrics)   # rollout numbers: the mean over processes
   metrics["learner/updates"] = len(learner_metrics)   # 0 when dynamic sampling kept no group
   for k in (learner_metrics[0] if learner_metrics else ()):
     # ratio_dev = mean |pi / pi_old - 1| of the first epoch: how far the learner's policy is
@@ -246,23 +253,30 @@ def _checkpoint_state(train_state, ref_params):
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
-  """Run (or resume) the experiment in `workdir`; returns the final evaluation metrics."""
+  """Run (or resume) the experiment in `workdir`; returns the final evaluation metrics.
+  Multi-host (`mesh.distributed`): every process runs this; only process 0 writes files other
+  than the checkpoints' arrays."""
+  from tree_rl.learner.sharding import maybe_initialize_distributed
+  maybe_initialize_distributed(config.mesh)   # before anything touches a device
   parts = build_parts(config)   # validates the config first: a bad one writes nothing
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2))
+  if hosts.is_main():
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2))
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=int(config.checkpoint.keep),
                       best_metric="eval/greedy_success")
-  writer = MetricsWriter(workdir, tensorboard=bool(config.logging.tensorboard))
+  writer = (MetricsWriter(workdir, tensorboard=bool(config.logging.tensorboard))
+            if hosts.is_main() else NullWriter())
   train_state = parts.train_step.init()
   restored = ckpt.restore(_checkpoint_state(jax.eval_shape(lambda: train_state),
                                             jax.eval_shape(lambda: train_state.params)))
   num_params = sum(x.size for x in jax.tree.leaves(nnx.state(parts.model, nnx.Param)))
-  print(console.startup_block(
-      config, workdir, num_params=int(num_params), mesh=parts.train_step.mesh,
-      rollout_mesh=parts.rollout_mesh,
-      resumed_from=None if restored is None else f"step {restored[0]} of {ckpt.directory}"),
-      flush=True)
+  if hosts.is_main():
+    print(console.startup_block(
+        config, workdir, num_params=int(num_params), mesh=parts.train_step.mesh,
+        rollout_mesh=parts.rollout_mesh,
+        resumed_from=None if restored is None else f"step {restored[0]} of {ckpt.directory}"),
+        flush=True)
   meta = lambda step: {"step": step, "data_position": position, "history": history,
                        "config": config.to_json(), "tokenizer": parts.tokenizer.fingerprint()}
   position = 0   # prompts drawn so far from the seeded stream (dynamic sampling draws more)
@@ -313,13 +327,14 @@ def train_and_evaluate(config, workdir: str) -> dict:
   bar.close()
   writer.close()
   ckpt.close()
-  _plot(workdir)
   if last_eval is None:
     last_eval, cache = parts.evaluator(cache, _eval_key(config))
   summary = {"step": step, "eval_before": history.get("eval_before", {}), "eval_after": last_eval,
              "warm_start": history.get("warm_start", {}), "stopped_early": step < num_steps}
-  with open(os.path.join(workdir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=2)
+  if hosts.is_main():
+    _plot(workdir)
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=2)
   return summary
 
 

@@ -100,10 +100,18 @@ def validate(config, *, engine=None, layout=None) -> None:
 
 
 def _check_shards(config) -> None:
-  """An explicit `sampler.data_shards` must divide this process's prompts and fit its devices."""
+  """The prompts split over the processes; an explicit `sampler.data_shards` must divide each
+  process's prompts and fit its devices."""
   import jax
   from tree_rl.rollout.capacity import tensor_size
   want, r = int(config.sampler.data_shards), config.rollout
+  _check(int(r.prompts_per_step) % jax.process_count() == 0,
+         f"config.rollout.prompts_per_step={r.prompts_per_step} does not split over the job's "
+         f"{jax.process_count()} processes: use a multiple of {jax.process_count()}")
+  _check(int(config.train.minibatches) <= int(r.prompts_per_step) // jax.process_count(),
+         f"config.train.minibatches={config.train.minibatches} exceeds the prompts per process "
+         f"({int(r.prompts_per_step) // jax.process_count()}): every minibatch needs a prompt "
+         "on every process")
   _check(want >= 0, f"config.sampler.data_shards must be >= 0 (0: automatic), got {want}")
   if want == 0:
     return

@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 __all__ = ["FROZEN", "HOLE", "GOAL", "PAD", "LEFT", "DOWN", "RIGHT", "UP", "NOOP", "INVALID",
@@ -37,8 +38,10 @@ OBS_PAD, OBS_FROZEN, OBS_HOLE, OBS_GOAL, OBS_PLAYER, OBS_PLAYER_IN_HOLE, OBS_PLA
 # status of the last turn, shown in the observation text
 ST_START, ST_MOVED, ST_INVALID, ST_HOLE, ST_GOAL, ST_OUT_OF_STEPS = range(6)
 
-_DR = jnp.array([0, 1, 0, -1], jnp.int32)  # row delta per action
-_DC = jnp.array([-1, 0, 1, 0], jnp.int32)  # column delta per action
+# row / column delta per action (numpy: importing the module must not start a JAX backend, so
+# a multi-host job can still call jax.distributed.initialize)
+_DR = np.array([0, 1, 0, -1], np.int32)
+_DC = np.array([-1, 0, 1, 0], np.int32)
 
 
 @struct.dataclass
@@ -189,8 +192,8 @@ def transition(key, state: FrozenLakeState, action, params: FrozenLakeParams):
     fail = (1.0 - params.success_rate) / 2.0
     slip = jnp.where(u < fail, (a - 1) % 4, jnp.where(u < 2 * fail, (a + 1) % 4, a))
     d = jnp.where(params.slippery, slip, a) % 4
-    nr = jnp.clip(pos[0] + _DR[d], 0, state.nrow - 1)
-    nc = jnp.clip(pos[1] + _DC[d], 0, state.ncol - 1)
+    nr = jnp.clip(pos[0] + jnp.asarray(_DR)[d], 0, state.nrow - 1)
+    nc = jnp.clip(pos[1] + jnp.asarray(_DC)[d], 0, state.ncol - 1)
     new = jnp.where(go, jnp.stack([nr, nc]), pos)
     tile = state.tiles[new[0], new[1]]
     return (new, steps + go, won | (go & (tile == GOAL)), fell | (go & (tile == HOLE)),

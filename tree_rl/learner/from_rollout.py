@@ -192,25 +192,46 @@ def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
   """Learner batches for one step: the prompts' trees split into `train.minibatches` groups,
   each packed (learner.packed) or materialised per leaf, with rows, lengths and nodes in
   `fine_bucket`s (at most a third padding, few shapes; rows then rounded up to a multiple of
-  `row_multiple`: `TrainStep.row_multiple`), so the update compiles once per bucket."""
-  rows_for = lambda n: -(-fine_bucket(n) // row_multiple) * row_multiple  # noqa: E731
+  `row_multiple`: `TrainStep.row_multiple`), so the update compiles once per bucket.
+
+  With several processes each passes its own trees: the shapes are agreed (the largest
+  bucket of any process), packed weights use the whole batch's totals, every process returns
+  the same number of batches (an empty share gives padding rows), and the rows are this
+  process's share of each global batch (`TrainStep.shard_batch`)."""
+  from tree_rl import hosts
+  from tree_rl.learner.batches import batch_totals, global_totals
+  procs = hosts.count()
+  multiple = max(row_multiple // procs, 1) if row_multiple % procs == 0 else row_multiple
+  rows_for = lambda n: -(-fine_bucket(n) // multiple) * multiple  # noqa: E731
   n = int(config.train.minibatches)
   groups = sorted({t.group_id for t in trees})
   chunks = [groups[i::n] for i in range(n)]
   batches = []
   for chunk in chunks:
     members = [t for t in trees if t.group_id in set(chunk)]
-    if not members:
+    if procs == 1 and not members:
       continue
     if config.learner.packed:
-      seq = fine_bucket(max(len(t.tokens) for t in members), 64)
-      nodes = fine_bucket(max(t.num_nodes for t in members), 8)
-      batch = pack_trees(members, seq, nodes, aggregation=config.learner.aggregation,
-                         rows=rows_for(len(members)), block=int(config.learner.attention_block))
+      shape = hosts.agree_max({
+          "seq": fine_bucket(max([len(t.tokens) for t in members] or [1]), 64),
+          "nodes": fine_bucket(max([t.num_nodes for t in members] or [1]), 8),
+          "rows": rows_for(max(len(members), 1))})
+      totals = global_totals(members) if procs > 1 else batch_totals(members)
+      batch = pack_trees(members, shape["seq"], shape["nodes"],
+                         aggregation=config.learner.aggregation, rows=shape["rows"],
+                         block=int(config.learner.attention_block), totals=totals)
+      width = batch.kv_blocks.shape[2]
+      agreed = hosts.agree_max({"kv_blocks": width})["kv_blocks"]
+      if agreed > width:   # another process's rows see more key blocks: pad to the same width
+        batch = batch.replace(kv_blocks=np.pad(batch.kv_blocks, ((0, 0), (0, 0), (0, agreed - width)),
+                                               constant_values=-1))
     else:
       leaves = sum(len(t.leaves()) for t in members)
-      seq = fine_bucket(max(len(t.path_tokens(l)) for t in members for l in t.leaves()), 64)
-      batch = leaf_batch(members, seq, rows=rows_for(leaves))
+      shape = hosts.agree_max({
+          "seq": fine_bucket(max([len(t.path_tokens(l)) for t in members for l in t.leaves()]
+                                 or [1]), 64),
+          "rows": rows_for(max(leaves, 1))})
+      batch = leaf_batch(members, shape["seq"], rows=shape["rows"])
     batches.append(batch)
   return batches
 

@@ -16,6 +16,8 @@ def maybe_initialize_distributed(mesh_cfg) -> None:
     return
   if jax.distributed.is_initialized():
     return
+  # CPU devices need a collectives implementation across processes (GPUs and TPUs bring theirs).
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
   kwargs = {}
   if mesh_cfg.coordinator_address:
     kwargs["coordinator_address"] = mesh_cfg.coordinator_address
@@ -24,6 +26,10 @@ def maybe_initialize_distributed(mesh_cfg) -> None:
   if mesh_cfg.process_id >= 0:
     kwargs["process_id"] = mesh_cfg.process_id
   jax.distributed.initialize(**kwargs)
+  # One collective while every process is here: the CPU collectives' context is set up now,
+  # not at a first collective that processes reach far apart (gloo gives up after 30 s).
+  from jax.experimental import multihost_utils
+  multihost_utils.sync_global_devices("tree_rl: jax.distributed initialized")
 
 
 def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
