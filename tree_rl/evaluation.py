@@ -68,7 +68,9 @@ class Evaluator:
       mine = lo + hosts.index() * self.local + np.arange(self.local)
       idx = np.minimum(mine, self.num_prompts - 1)
       states = jax.tree.map(lambda x: x[idx], self.states)
-      out, cache = run(engine, method, cache, states, jax.random.fold_in(key, lo),
+      # one key for every chunk: each node's keys fold in its prompt's id, so the numbers do
+      # not depend on how the held-out set is chunked over processes and shards
+      out, cache = run(engine, method, cache, states, key,
                        prompt_ids=jnp.asarray(idx, jnp.int32), capacity=layout.capacity)
       real = (np.arange(lo, lo + self.chunk) < self.num_prompts)
       every = lambda x: hosts.gather(np.asarray(x)).reshape((self.chunk,) + np.shape(x)[1:])[real]  # noqa: E731

@@ -90,13 +90,15 @@ def validate(config, *, engine=None, layout=None) -> None:
            + (f", config.env.max_calls={calls}" if calls is not None and r.budget_unit == "tool_calls" else "")
            + "): raise the budget")
   if engine is not None and layout is not None and int(s.num_pages) > 0:
-    page = int(s.page_size)
-    need = pages_needed(engine, layout, page)
+    from tree_rl.rollout.capacity import rollout_shards
+    page, shards = int(s.page_size), rollout_shards(config)
+    need = -(-pages_needed(engine, layout, page) // shards)   # num_pages is per data shard
     _check(int(s.num_pages) >= need,
            f"config.sampler.num_pages={s.num_pages} is too small for this rollout: "
-           f"{layout.num_prompts} prompts (config.rollout.prompts_per_step) x {layout.slots} live "
-           f"branches of up to {engine.max_context()} tokens need up to {need} pages of "
-           f"{page} tokens (config.sampler.page_size); raise config.sampler.num_pages to >= {need}")
+           f"{layout.num_prompts // shards} prompts per data shard (config.rollout.prompts_per_step "
+           f"over {shards} shard(s)) x {layout.slots} live branches of up to "
+           f"{engine.max_context()} tokens need up to {need} pages of {page} tokens "
+           f"(config.sampler.page_size) per shard; raise config.sampler.num_pages to >= {need}")
 
 
 def _check_shards(config) -> None:

@@ -52,9 +52,9 @@ def test_arpo_forks_above_the_threshold_within_room():
 
 # ----------------------------------------------------------------------------- the method
 
-# One prompt:   root 0 - 1 (H 1.0) - 3 (H 1.5) - 5 (H 1.375, frontier)
+# One prompt:   root 0 - 1 (H 1.0) - 3 (H 1.5) - 5 (H 1.375, frontier, finished)
 #                    `- 2 (H 2.0) - 4 (H 2.0625, frontier)
-#                                `- 6 (H 3.0, frontier, finished)
+#                                `- 6 (H 3.0, frontier: a fork of 2, created after 4)
 NODES = [(-1, 0.0), (0, 1.0), (0, 2.0), (1, 1.5), (2, 2.0625), (3, 1.375), (2, 3.0)]
 FRONTIER = [5, 4, 6, -1, -1, -1]
 
@@ -70,7 +70,7 @@ def hand_tree():
     depth[i] = 0 if par < 0 else depth[par] + 1
   kids = np.bincount(parent[parent >= 0], minlength=16).astype(np.int32)
   finished = np.zeros(16, bool)
-  finished[6] = True
+  finished[5] = True
   return t.replace(parent=jnp.asarray(parent)[None], depth=jnp.asarray(depth)[None],
                    used=(jnp.arange(16) < n)[None], entropy=jnp.asarray(ent)[None],
                    num_children=jnp.asarray(kids)[None], finished=jnp.asarray(finished)[None],
@@ -93,18 +93,18 @@ def next_parents(method):
 
 def test_arpo_forks_the_parent_exactly_when_the_rise_over_the_first_reply_crosses():
   # node 5: H 1.375 - H_0 (node 1) 1.0 = 0.375 (its parent 3 has 1.5: the rise is not vs the
-  # parent); node 4: 2.0625 - 2.0 = 0.0625; node 6: 3.0 - 2.0 = 1.0, and it finished: it does
-  # not continue, but the branching decision precedes the outcome, so its parent 2 forks.
-  assert next_parents(arpo(entropy_threshold=1.0)) == [5, 4, -1, -1, -1, -1, -1, -1]  # strict
-  assert next_parents(arpo(entropy_threshold=0.5)) == [5, 4, 2, 2, -1, -1, -1, -1]
-  assert next_parents(arpo(entropy_threshold=0.375)) == [5, 4, 2, 2, -1, -1, -1, -1]  # strict
-  assert next_parents(arpo(entropy_threshold=0.25)) == [5, 3, 3, 4, 2, 2, -1, -1]
+  # parent), and it finished: it does not continue, but the branching decision precedes the
+  # outcome, so its parent 3 forks; node 4: 2.0625 - 2.0 = 0.0625; node 6: 3.0 - 2.0 = 1.0,
+  # but it is itself a fork of 2 (one decision per path and step): it continues, never forks.
+  assert next_parents(arpo(entropy_threshold=0.5)) == [4, 6, -1, -1, -1, -1, -1, -1]
+  assert next_parents(arpo(entropy_threshold=0.375)) == [4, 6, -1, -1, -1, -1, -1, -1]  # strict
+  assert next_parents(arpo(entropy_threshold=0.25)) == [3, 3, 4, 6, -1, -1, -1, -1]
   # 3 branches so far (leaves 5, 4, 6): room for 5 more; granted in slot order
-  assert next_parents(arpo(entropy_threshold=0.0)) == [5, 3, 3, 4, 2, 2, 2, -1]
+  assert next_parents(arpo(entropy_threshold=0.0)) == [3, 3, 4, 2, 2, 6, -1, -1]
   # max_branches caps the branches started: room for 2, 1, 0 more
-  assert next_parents(arpo(entropy_threshold=0.0, max_branches=5)) == [5, 3, 3, 4, -1]
-  assert next_parents(arpo(entropy_threshold=0.0, max_branches=4)) == [5, 3, 4, -1]
-  assert next_parents(arpo(entropy_threshold=0.0, max_branches=3)) == [5, 4, -1]
+  assert next_parents(arpo(entropy_threshold=0.0, max_branches=5)) == [3, 3, 4, 6, -1]
+  assert next_parents(arpo(entropy_threshold=0.0, max_branches=4)) == [3, 4, 6, -1]
+  assert next_parents(arpo(entropy_threshold=0.0, max_branches=3)) == [4, 6, -1]
 
 
 def test_arpo_config_fields_and_shape():
@@ -182,7 +182,8 @@ def test_arpo_rollout_forks_exactly_where_the_rise_crosses_the_threshold():
     assert t.is_leaf[p].sum() < 16     # the cap did not bind, so every trigger was granted
     for q in np.nonzero(t.used[p] & (t.num_children[p] > 0))[0]:
       kids = np.nonzero(t.used[p] & (t.parent[p] == q))[0]
-      triggers = int((rise[p, kids] > tau).sum())     # ended replies fork their parent too
+      # only the continuation decides (ended replies too); the forks never fork q again
+      triggers = int(q != 0 and rise[p, kids.min()] > tau)
       base = 2 if q == 0 else 1                   # initial branches / the continuation
       assert len(kids) == base + 2 * triggers, (p, q, kids, rise[p, kids])
       forks_seen += triggers

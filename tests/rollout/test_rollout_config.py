@@ -123,8 +123,9 @@ def _rc(**fields):
     (dict(method="arpo", initial_branches=4, max_branches=8, entropy_threshold=0.0), 7.6),
     # a negative threshold forks after turn 1 already: every branch is a full trajectory
     (dict(method="arpo", initial_branches=4, max_branches=8, entropy_threshold=-0.5), 8),
-    # no fork possible: two turns (the second is final), or expand_children = 1
-    (dict(method="arpo", max_turns=2, initial_branches=3, max_branches=8), 3),
+    # two turns: a second reply (even a final one) forks its parent into the last turn,
+    # 3 + 5 * 1/2; no fork possible with expand_children = 1
+    (dict(method="arpo", max_turns=2, initial_branches=3, max_branches=8), 5.5),
     (dict(method="arpo", initial_branches=3, expand_children=1, max_branches=8), 3),
 ])
 def test_planned_cost_equals_hand_computation(fields, trajectories):

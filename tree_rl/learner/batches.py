@@ -84,7 +84,8 @@ class TrainTree:
   old_logp       f32 [L]     log-prob of each token given its root-to-node context (sampling policy)
   advantages     f32 [n]     advantage of each leaf (read at leaves only), or f32 [n, D]: per leaf,
                              the advantage of each node on its root-to-leaf path (column k: the
-                             path's k-th node, root 0), for step-level estimators
+                             path's k-th node, root 0; D >= the longest path, max_turns + 1 from
+                             a rollout), for step-level estimators
   ref_logp       f32 [L]     reference policy's log-probs (None: zeros)
   group_id       int         prompt id of the tree
   leaf_valid     bool [n]    leaves to train on (None: every leaf)

@@ -187,7 +187,7 @@ def arpo_plan(rc) -> float:
   """ARPO's worst-case trajectories per prompt (module docstring)."""
   b0, m, turns = int(rc.initial_branches), int(rc.max_branches), int(rc.max_turns)
   d0 = 1 if float(rc.entropy_threshold) < 0 else 2
-  if int(rc.expand_children) < 2 or turns <= d0:
+  if int(rc.expand_children) < 2 or turns < d0:
     return float(b0)
   return b0 + (m - b0) * (turns - d0 + 1) / turns
 

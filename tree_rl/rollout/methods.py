@@ -19,7 +19,8 @@ A rollout method (the branching rule, not the LM policy) chooses, at every turn 
                  k = entropy_tokens tokens) exceeds its chain's first-reply entropy H_0 (its
                  depth-1 ancestor's) by more than `entropy_threshold` keeps going (unless the
                  turn ended it: the decision precedes the outcome) and its parent forks `expand_children - 1` more children that resample that turn from
-                 the parent's context (shared pages): ARPO's P_t = alpha + beta * dH > tau with
+                 the parent's context (shared pages; the forks never fork that parent again:
+                 one decision per path and step): ARPO's P_t = alpha + beta * dH > tau with
                  alpha = 0, beta = 1, tau = entropy_threshold on the un-normalised dH = H_t - H_0.
                  At most `max_branches` branches start per prompt (ARPO's budget M; forks are
                  granted in slot order while they fit); every leaf enters the group. Only
@@ -218,12 +219,16 @@ class ARPO(Branching):
   def next(self, tree, frontier, pstate, scores, key):
     """Each running branch continues; its parent forks where the entropy rose (docstring)."""
     go = alive(tree, frontier)
-    first = jax.vmap(routing.first_reply)(tree.parent, tree.depth)
-    rise = gather(tree.entropy, frontier) - gather(tree.entropy, gather(first, frontier))
+    lineage = jax.vmap(routing.first_reply)(tree.parent, tree.depth)
+    rise = gather(tree.entropy, frontier) - gather(tree.entropy, gather(lineage, frontier))
     room = self.room(tree)
     # ARPO decides from the reply's first k tokens, before the turn's outcome is known: a reply
-    # that then ended the episode (or hit the turn limit) still forks its parent.
-    decoded = (frontier >= 0) & ~gather(tree.pruned, frontier)
+    # that then ended the episode (or hit the turn limit) still forks its parent. One decision
+    # per path and step: the forks themselves (the parent's later children) never fork it again.
+    first = jax.vmap(routing.first_children)(tree.parent, tree.used)
+    initial = (gather(tree.depth, frontier) == 1) & (frontier <= self.initial_branches)
+    continues = (gather(first, gather(tree.parent, frontier)) == frontier) | initial
+    decoded = (frontier >= 0) & ~gather(tree.pruned, frontier) & continues
     forks = jax.vmap(lambda r, a, m: routing.arpo_forks(
         r, a, m, threshold=self.entropy_threshold, extra=self.expand_children - 1))(
             rise, decoded, room)

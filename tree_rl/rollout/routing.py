@@ -161,6 +161,14 @@ def first_reply(parent: jax.Array, depth: jax.Array) -> jax.Array:
   return ptr
 
 
+def first_children(parent: jax.Array, used: jax.Array) -> jax.Array:
+  """Per node of one prompt, its first (lowest-id) child, N where it has none: the branch
+  that continued it (its other children are forks, created after it). int [N] -> int32 [N]."""
+  n = parent.shape[0]
+  ids = jnp.where(used & (parent >= 0), jnp.arange(n), n)
+  return jax.ops.segment_min(ids, jnp.maximum(parent, 0), num_segments=n).astype(jnp.int32)
+
+
 def arpo_forks(entropy_rise: jax.Array, active: jax.Array, room: jax.Array, *, threshold: float,
                extra: int) -> jax.Array:
   """ARPO's entropy-based branching of one prompt's frontier [S]: an active branch whose
