@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run experiments.train on this machine (CPU, the local GPUs or the local TPU chips); every
-# argument passes through:
+# Run experiments.train on this machine (CPU, the local GPUs or the local TPU chips; rollouts
+# and the learner shard over all local devices by default); every argument passes through:
 #
 #   launch/local.sh --config=configs/frozenlake.py:algo=patr --workdir=runs/fl --config.seed=1
 #

@@ -5,7 +5,8 @@
 #SBATCH --gpus-per-node=8
 #SBATCH --time=24:00:00
 # Run experiments.train as one process per GPU host of a Slurm job (each process drives all the
-# GPUs of its node); every argument passes through to experiments.train. Submit from the
+# GPUs of its node: its share of every step's prompts rolled out over them, sampler.data_shards=0);
+# every argument passes through to experiments.train. Submit from the
 # repository root (the job runs there; relative --workdir paths are relative to it):
 #
 #   sbatch --nodes=2 launch/slurm_gpu.sh --config=configs/frozenlake.py:algo=patr --workdir=runs/fl

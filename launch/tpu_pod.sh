@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run experiments.train on every worker of a Cloud TPU VM slice (multi-host: each worker runs
 # one process, `--config.mesh.distributed=true` makes train call jax.distributed.initialize,
-# which finds the other workers itself). Every argument passes through to experiments.train:
+# which finds the other workers itself). Each worker rolls out its share of every step's prompts
+# over all its chips (sampler.data_shards=0) and the learner shards the global batch over the
+# slice. Every argument passes through to experiments.train:
 #
 #   TPU_NAME=rl-v4 ZONE=us-central2-b ACCELERATOR_TYPE=v4-16 \
 #     launch/tpu_pod.sh --config=configs/frozenlake.py:algo=patr --workdir=runs/fl
