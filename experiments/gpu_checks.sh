@@ -35,3 +35,8 @@ echo "== RL step of the main job's config (tiny model; the warm start cut to 100
 timeout "${RLSTEP_S:-240}" $PY -m experiments.bench_rl_step --steps=3 \
   --config.warmstart.steps=100 --config.sampler.attention=auto \
   --out="$OUT/rl_step.json" 2>&1 | grep -v "^W\|^I" | tail -14
+
+# Not run on the one-GPU machine (it needs several devices or hosts); ready for an 8-GPU host:
+#   python -m experiments.train --config=configs/frozenlake.py:algo=patr,model=hf,hf_path=CKPT \
+#     --workdir=runs/fl8 --config.sampler.data_shards=8      # rollouts over all 8 GPUs
+# and for 2 hosts: launch/slurm_gpu.sh with --nodes=2 (each host rolls out half of every step).
