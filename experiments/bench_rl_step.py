@@ -247,7 +247,8 @@ def main(argv):
     print(json.dumps(rows[-1]), flush=True)
   steady = [r for r in rows if r["kind"] == "step" and r["step"] > 0] or rows[:1]
   mean = lambda k: float(np.mean([r[k] for r in steady]))  # noqa: E731
-  summary = dict(kind="summary", config=config.rollout.method, prompts_per_step=p,
+  summary = dict(kind="summary", config=config.rollout.method,
+                 prompts_per_step=int(config.rollout.prompts_per_step),
                  device=jax.devices()[0].device_kind, backend=jax.default_backend(),
                  jax=jax.__version__, host=platform.node(), cache_dir=cache_dir,
                  matmul_gflop_per_s=rates / 1e9, warm_start_s=warm_s, step_s=mean("wall_s"),
