@@ -151,7 +151,9 @@ def _make_engine_parts(config):
 
 
 def pages_needed(config) -> int:
-  """KV pages the rollout can need: the bound `tree_rl.validation` checks before training."""
+  """KV pages the rollout can need on one data shard holding every prompt: the bound
+  `tree_rl.validation` checks before training with one shard (with D shards it checks a D-th,
+  so a pool sized by this holds on any machine)."""
   from tree_rl.rollout.capacity import pages_needed as needed
   engine, layout = _engine_parts(config)
   return needed(engine, layout, int(config.sampler.page_size))
