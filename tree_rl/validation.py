@@ -45,9 +45,12 @@ def validate(config, *, engine=None, layout=None) -> None:
          f"config.rollout.prompts_per_step must be >= 1, got {r.prompts_per_step}")
   for field in ("num_steps", "ppo_epochs", "minibatches", "eval_every", "eval_samples"):
     _check(int(t[field]) >= 1, f"config.train.{field} must be >= 1, got {t[field]}")
-  _check(int(t.minibatches) <= int(r.prompts_per_step),
+  import jax
+  per_process = int(r.prompts_per_step) // jax.process_count()
+  _check(int(t.minibatches) <= per_process,
          f"config.train.minibatches={t.minibatches} exceeds config.rollout.prompts_per_step="
-         f"{r.prompts_per_step}: every minibatch needs at least one prompt")
+         f"{r.prompts_per_step} ({per_process} per process): every minibatch needs at least one "
+         "prompt on every process")
   _check(int(r.max_draws) >= 1, f"config.rollout.max_draws must be >= 1, got {r.max_draws}")
   _check(int(config.checkpoint.every_steps) >= 1, "config.checkpoint.every_steps must be >= 1")
   _check(int(config.checkpoint.keep) >= 1, "config.checkpoint.keep must be >= 1")
@@ -110,10 +113,6 @@ def _check_shards(config) -> None:
   _check(int(r.prompts_per_step) % jax.process_count() == 0,
          f"config.rollout.prompts_per_step={r.prompts_per_step} does not split over the job's "
          f"{jax.process_count()} processes: use a multiple of {jax.process_count()}")
-  _check(int(config.train.minibatches) <= int(r.prompts_per_step) // jax.process_count(),
-         f"config.train.minibatches={config.train.minibatches} exceeds the prompts per process "
-         f"({int(r.prompts_per_step) // jax.process_count()}): every minibatch needs a prompt "
-         "on every process")
   _check(want >= 0, f"config.sampler.data_shards must be >= 0 (0: automatic), got {want}")
   if want == 0:
     return

@@ -243,10 +243,11 @@ def tree_2norm(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6):
 
 def _gigpo(rewards, prompt_ids, tree_ids, valid, eps, steps, step_weight, step_gamma, use_std):
   n, d = steps.mask.shape
-  episode = _normalise(rewards, _prompt_groups(prompt_ids, valid), valid, eps, use_std=use_std)
+  prompts = _prompt_groups(prompt_ids, valid)
+  episode = _normalise(rewards, prompts, valid, eps, use_std=use_std)
   m = steps.mask & valid[:, None]
   ret = discounted_returns(steps.reward, m, step_gamma).reshape(-1)
-  pid = jnp.broadcast_to(_prompt_groups(prompt_ids, valid)[:, None], (n, d)).reshape(-1)
+  pid = jnp.broadcast_to(prompts[:, None], (n, d)).reshape(-1)
   flat_m = m.reshape(-1)
   groups = pair_ids(pid, steps.state_key.reshape(-1), flat_m)
   dev, std, count = group_stats(ret, groups, flat_m)
