@@ -146,8 +146,7 @@ def _draw(parts: Parts, cache, step: int, position: int, draw: int):
 
 
 def _rollouts(parts: Parts, cache, step: int, position: int):
-  """The step's rollouts and training trees; returns (first rollout, trees, prompts drawn, cache,
-  metrics). With `rollout.dynamic_sampling` (DAPO), groups whose outcome rewards are all equal
+  """The step's rollouts as training trees; returns (trees, prompts drawn, cache, metrics). With `rollout.dynamic_sampling` (DAPO), groups whose outcome rewards are all equal
   are dropped and further batches of prompts are drawn (at most `rollout.max_draws` in all)
   until `prompts_per_step` informative groups are kept; extras of the last draw are dropped.
   Draw d of step s uses the prompts after those of draw d - 1 and a key of (seed, s, d), and
