@@ -39,6 +39,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/frozenlake.py", "Ex
 _STEPS = flags.DEFINE_integer("steps", 3, "Steady RL steps timed after the first (compiling) one.")
 _EVAL = flags.DEFINE_bool("eval", True, "Time one evaluation after the steps.")
 _OUT = flags.DEFINE_string("out", "", "Also write the JSON rows to this file.")
+_WARM = flags.DEFINE_string("warm_cache", "", "An .npz of the warm-start weights: read when it exists "
+                            "(for the same config), else written after the warm start.")
 
 
 class Meter:
@@ -168,6 +170,30 @@ def matmul_flops_per_s() -> float:
   return 2 * n ** 3 / best
 
 
+def _warm_params(parts):
+  """The config's warm start, or its weights from --warm_cache (leaves in tree order)."""
+  import os
+
+  import jax
+  import numpy as np
+  from flax import nnx
+
+  from tree_rl import train
+  path = _WARM.value
+  if path and os.path.exists(path):
+    like = nnx.to_pure_dict(nnx.state(parts.model, nnx.Param))
+    leaves, treedef = jax.tree.flatten(like)
+    with np.load(path) as f:
+      saved = [f[f"leaf_{i}"] for i in range(len(leaves))]
+    if [a.shape for a in saved] != [np.shape(a) for a in leaves]:
+      raise SystemExit(f"--warm_cache={path} holds weights of another model shape")
+    return jax.tree.unflatten(treedef, saved)
+  params, _ = train._warm_start(parts)
+  if path:
+    np.savez(path, **{f"leaf_{i}": np.asarray(a) for i, a in enumerate(jax.tree.leaves(params))})
+  return params
+
+
 def main(argv):
   del argv
   cache_dir = compile_cache.enable(_CACHE.value)
@@ -183,7 +209,7 @@ def main(argv):
   jax.monitoring.register_event_duration_secs_listener(meter.on_event)
   t0 = time.perf_counter()
   parts = train.build_parts(config)
-  warm_params, _ = train._warm_start(parts)
+  warm_params = _warm_params(parts)
   warm_s = time.perf_counter() - t0
   state = parts.train_step.init(warm_params)
   ref = jax.tree.map(jnp.copy, state.params)
@@ -205,7 +231,8 @@ def main(argv):
   def batches_and_count(cfg, trees, row_multiple=1):
     batches = real_batches(cfg, trees, row_multiple)
     epochs = int(cfg.train.ppo_epochs)
-    meter.tokens["learner/update"][1] += epochs * sum(int(np.prod(b.tokens.shape)) for b in batches)
+    meter.tokens["learner/update"][1] += epochs * sum(
+        int(np.prod(m.tokens.shape)) for b in batches for m in (b if isinstance(b, list) else [b]))
     return batches
   from_rollout.make_batches = batches_and_count
   rows = []

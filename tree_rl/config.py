@@ -153,7 +153,11 @@ def base_config() -> ml_collections.ConfigDict:
       b2=0.999,                 # AdamW beta2
       adam_eps=1e-8,            # AdamW epsilon
       grad_clip=1.0,            # global-norm gradient clipping (0 disables)
-      microbatches=1,           # gradient accumulation: micro-batches per update
+      microbatches=1,           # gradient accumulation: micro-batches per update (with row_tokens=0)
+      row_tokens=0,             # >0: fixed-shape micro-batches of microbatch_rows rows of this many tokens,
+                                # trees (packed) or root-to-leaf paths (not packed) several per row, as
+                                # many micro-batches as the step needs; 0: one bucketed batch per update
+      microbatch_rows=8,        # rows of each fixed-shape micro-batch (with row_tokens > 0)
       attention="auto",         # auto (cuDNN flash on GPU for causal rows) | einsum | xla | cudnn
       remat="none",             # none | full | dots: per-layer rematerialisation in the backward
       logits_chunk=0,           # >0: vocabulary projection + log-softmax over chunks of this many tokens

@@ -190,11 +190,14 @@ def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: i
   rollout_s = time.perf_counter() - t0
   t1 = time.perf_counter()
   batches = from_rollout.make_batches(config, trees, parts.train_step.row_multiple)
-  tokens = sum(int(np.sum(np.asarray(b.loss_mask))) for b in batches) * int(config.train.ppo_epochs)
+  # A batch is one update: one array batch, or a list of fixed-shape micro-batches.
+  each = lambda fn: [[fn(m) for m in b] if isinstance(b, list) else fn(b) for b in batches]  # noqa: E731
+  tokens = sum(int(np.sum(np.asarray(m.loss_mask))) for b in batches
+               for m in (b if isinstance(b, list) else [b])) * int(config.train.ppo_epochs)
   if hosts.count() > 1:   # this process's rows of each global batch
-    batches = [parts.train_step.shard_batch(b) for b in batches]
+    batches = each(parts.train_step.shard_batch)
   if float(config.learner.kl_coef):
-    batches = [parts.train_step.with_ref_logprobs(ref_params, b) for b in batches]
+    batches = each(lambda b: parts.train_step.with_ref_logprobs(ref_params, b))
   learner_metrics = []
   for _ in range(int(config.train.ppo_epochs)):
     for batch in batches:

@@ -92,6 +92,13 @@ def validate(config, *, engine=None, layout=None) -> None:
            f"config.rollout.max_tokens_per_turn={r.max_tokens_per_turn}"
            + (f", config.env.max_calls={calls}" if calls is not None and r.budget_unit == "tool_calls" else "")
            + "): raise the budget")
+  rows = int(config.learner.row_tokens)
+  _check(engine is None or rows == 0 or rows >= engine.max_context(),
+         f"config.learner.row_tokens={rows} is shorter than the longest trajectory this rollout "
+         f"can make ({0 if engine is None else engine.max_context()} tokens: prompt + "
+         f"config.rollout.max_turns={r.max_turns} x (config.rollout.max_tokens_per_turn="
+         f"{r.max_tokens_per_turn} + observation)); raise it (a multiple of "
+         f"config.learner.attention_block={config.learner.attention_block})")
   if engine is not None and layout is not None and int(s.num_pages) > 0:
     from tree_rl.rollout.capacity import rollout_shards
     page, shards = int(s.page_size), rollout_shards(config)

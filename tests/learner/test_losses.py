@@ -285,3 +285,81 @@ def test_tree_grpo_default_is_the_public_codes_token_mean():
   agg = frozenlake.get_config("algo=tree_grpo").learner.aggregation
   lengths = np.array([3, 5, 2, 7], np.float32)
   np.testing.assert_allclose(np.asarray(losses.leaf_weights(lengths, np.zeros(4), agg)), 1 / 17)
+
+
+def _hand_tree():
+  """root(2) -> a(3) -> {b(4), c(4)};  root -> d(5): three leaves b, c, d."""
+  lens = [2, 3, 4, 4, 5]
+  ends = np.cumsum(lens)
+  n_tok = int(ends[-1])
+  mask = np.ones(n_tok, bool)
+  mask[:2] = False
+  return batches.TrainTree(parent=[-1, 0, 1, 1, 0], spans=np.stack([ends - lens, ends], 1),
+                           tokens=np.arange(1, n_tok + 1), loss_mask=mask,
+                           old_logp=np.zeros(n_tok, np.float32),
+                           advantages=np.array([0, 0, 1.0, -1.0, 2.0], np.float32))
+
+
+@pytest.mark.parametrize("row_tokens, per_leaf, expect", [
+    (10, False, [list(range(1, 10)), [1, 2, 3, 4, 5, 10, 11, 12, 13], [1, 2, 14, 15, 16, 17, 18]]),
+    (14, False, [list(range(1, 14)), [1, 2, 14, 15, 16, 17, 18]]),
+    (18, False, [list(range(1, 19))]),
+    (18, True, [list(range(1, 10)), [1, 2, 3, 4, 5, 10, 11, 12, 13], [1, 2, 14, 15, 16, 17, 18]]),
+])
+def test_pieces_cut_a_tree_into_whole_paths_that_fit_a_row(row_tokens, per_leaf, expect):
+  tree = _hand_tree()
+  w = {2: 0.5, 3: 0.25, 4: 1.0}
+  pieces = batches._pieces(tree, w, row_tokens, 16, per_leaf)
+  assert [p.tokens.tolist() for p, _ in pieces] == expect
+  # every leaf exactly once, with its weight and its advantage
+  got = sorted((wl, float(p.advantages[leaf])) for p, pw in pieces for leaf, wl in pw.items())
+  assert got == sorted((w[l], float(tree.advantages[l])) for l in w)
+  with pytest.raises(ValueError, match="learner.row_tokens"):
+    batches._pieces(tree, w, 8, 16, per_leaf)
+
+
+@pytest.mark.parametrize("per_leaf", [False, True])
+def test_fixed_shape_microbatches_sum_to_the_per_leaf_loss(per_leaf):
+  """Trees cut to fit 40-token rows, 2 rows per micro-batch: the summed loss and gradient of
+  the micro-batches equal the per-leaf batch's (fp32; every aggregation)."""
+  vocab = 64
+  rng = np.random.default_rng(1)
+  model = Transformer(tiny(vocab), rngs=nnx.Rngs(3))
+  graph, params = nnx.split(model)
+  trees = [synthetic.random_tree(rng, int(rng.integers(1, 9)), vocab, max_len=4, group_id=g // 3)
+           for g in range(9)]
+  lb = batches.leaf_batch(trees, seq_len=48)
+  kw = dict(kl_coef=0.05, entropy_coef=0.0, **CLIP)
+
+  def leaf_loss(params, pos, neg, w):
+    logp, _ = sequence_logprobs(nnx.merge(graph, params), lb.tokens)
+    return losses.weighted_policy_loss(logp, lb.old_logp, pos, neg, w, ref_logp=lb.ref_logp, **kw)[0]
+
+  def packed_loss(params, pb):
+    kpos, vis = block_visibility(pb.node_ids, pb.ancestors, pb.kv_blocks)
+    attend = lambda i, q, k, v, s: (tree_block_attention(q, k, v, kpos, vis), s)  # noqa: E731
+    logp, _ = sequence_logprobs(nnx.merge(graph, params), pb.tokens, positions=pb.positions,
+                                pred_index=pb.pred_index, attend=attend)
+    return losses.weighted_policy_loss(logp, pb.old_logp, pb.pos_weight, pb.neg_weight,
+                                       pb.weight, ref_logp=pb.ref_logp, **kw)[0]
+
+  leaf_vg = jax.jit(jax.value_and_grad(leaf_loss))
+  packed_vg = jax.jit(jax.value_and_grad(packed_loss))
+  for mode in ("traj_mean_group_mean", "token_mean"):
+    w = losses.leaf_token_weights(jnp.asarray(lb.loss_mask), lb.group_ids, mode)
+    pos, neg = losses.split_by_sign(lb.advantages, w)
+    mbs = batches.pack_microbatches(trees, 40, 2, aggregation=mode, per_leaf=per_leaf, block=8)
+    assert len(mbs) >= 2 and len({mb.tokens.shape for mb in mbs}) == 1
+    packed = sum(int((mb.node_ids >= 0).sum()) for mb in mbs)
+    trained = lb.loss_mask.any(axis=1)   # leaves without a loss token are not packed
+    leaf_tokens = int((lb.tokens[trained] > 0).sum())   # synthetic tokens are >= 1
+    assert packed == leaf_tokens if per_leaf else packed < leaf_tokens
+    l1, g1 = leaf_vg(params, pos, neg, w)
+    parts = [packed_vg(params, mb) for mb in mbs]
+    l2 = sum(float(l) for l, _ in parts)
+    g2 = jax.tree.map(lambda *g: sum(g), *[g for _, g in parts])
+    np.testing.assert_allclose(l2, float(l1), rtol=1e-5, err_msg=mode)
+    scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g1))
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+      np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5 * scale, err_msg=mode)
+  assert packed_vg._cache_size() == 1   # one shape for every micro-batch of every aggregation

@@ -115,6 +115,20 @@ def test_leaf_batch_step_equals_packed_step(single):
   assert_same(single[1:], (state, metrics), params_atol=5e-5)
 
 
+@pytest.mark.parametrize("per_leaf", [False, True])
+def test_fixed_shape_microbatches_equal_one_batch(single, per_leaf):
+  """The same trees as fixed [4, 32] micro-batches (trees cut to fit, or one path each) give
+  the one-batch update, on a sharded mesh too, and every micro-batch reuses one trace."""
+  mbs = batches.pack_microbatches(trees(), 32, 4, aggregation="traj_mean_group_mean",
+                                  per_leaf=per_leaf, block=8)
+  assert len(mbs) >= 2
+  step, state, metrics = run(config(microbatches=1), mbs, devices=jax.devices()[:1])
+  assert_same(single[1:], (state, metrics), params_atol=5e-5)
+  assert step.trace_count == 1   # one gradient program for all micro-batches
+  _, state, metrics = run(config((2, 2, 2), microbatches=1), mbs)
+  assert_same(single[1:], (state, metrics), params_atol=5e-5)
+
+
 def test_non_finite_loss_skips_the_update(single, packed):
   step = single[0]
   state = step.init()

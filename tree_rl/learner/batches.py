@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from tree_rl.buckets import fine_bucket
+from tree_rl.buckets import fine_bucket, pow2_bucket
 from tree_rl.learner.losses import check_aggregation, leaf_weights
 from tree_rl.learner.tree_attention import kv_block_lists
 
@@ -277,6 +277,9 @@ def global_totals(trees: list[TrainTree]) -> BatchTotals:
   return BatchTotals(*map(float, total))
 
 
+_weights_jit = jax.jit(leaf_weights, static_argnames=("aggregation",))
+
+
 def _leaf_weights(trees: list[TrainTree], aggregation: str,
                   totals: BatchTotals | None = None) -> list[dict[int, float]]:
   """Per tree, {leaf: w_leaf} for the aggregation (`losses.leaf_weights`, as the per-leaf rows
@@ -287,9 +290,13 @@ def _leaf_weights(trees: list[TrainTree], aggregation: str,
   totals = totals or batch_totals(trees)
   if not items:
     return [{} for _ in trees]
-  lengths = np.array([n for *_, n in items], np.float32)
-  groups = np.array([trees[i].group_id for i, *_ in items], np.int32)
-  w = np.asarray(leaf_weights(lengths, groups, aggregation, num_leaves=totals.num_leaves,
+  # padded to a power of two (length 0: weight 0, in no group), so few shapes ever compile
+  size = pow2_bucket(len(items))
+  lengths = np.zeros(size, np.float32)
+  groups = np.zeros(size, np.int32)
+  lengths[:len(items)] = [n for *_, n in items]
+  groups[:len(items)] = [trees[i].group_id for i, *_ in items]
+  w = np.asarray(_weights_jit(lengths, groups, aggregation, num_leaves=totals.num_leaves,
                               num_tokens=totals.num_tokens, num_groups=totals.num_groups))
   out: list[dict[int, float]] = [{} for _ in trees]
   for (i, leaf, _), wl in zip(items, w):
@@ -334,65 +341,198 @@ def pack_trees(trees: list[TrainTree], seq_len: int, max_nodes: int, *, aggregat
   b = rows if rows is not None else len(placed)
   if len(placed) > b:
     raise ValueError(f"pack_trees: the trees need {len(placed)} rows > rows={b}")
-  f32 = lambda: np.zeros((b, seq_len), np.float32)
-  tokens = np.zeros((b, seq_len), np.int32)
-  positions = np.zeros((b, seq_len), np.int32)
-  pred = np.tile(np.arange(seq_len, dtype=np.int32), (b, 1))
-  node_ids = np.full((b, seq_len), -1, np.int32)
-  anc = np.zeros((b, max_nodes, max_nodes), bool)
-  old, ref, pos_w, neg_w, wt = f32(), f32(), f32(), f32(), f32()
-  mask = np.zeros((b, seq_len), bool)
+  arrays = _empty_rows(b, seq_len, max_nodes)
   for r, members in enumerate(placed):
     cursor, node_base = 0, 0
     for i in members:
-      t, w = trees[i], leaf_w[i]
-      n = t.num_nodes
-      # Per-node sums over the valid leaves below it.
-      node_w, node_p, node_n = np.zeros(n), np.zeros(n), np.zeros(n)
-      for leaf, wl in w.items():
-        for node, a in path_advantages(t, leaf):
-          node_w[node] += wl
-          node_p[node] += wl * max(a, 0.0)
-          node_n[node] += wl * max(-a, 0.0)
-      start = np.zeros(n, np.int64)   # packed start of each node's tokens
-      depth = np.zeros(n, np.int64)   # path position of each node's first token
-      last = np.full(n, -1, np.int64)  # packed index of the last token on the root-to-node path
-      for node in range(n):
-        p = t.parent[node]
-        sl = t.node_slice(node)
-        k = sl.stop - sl.start
-        start[node] = cursor
-        depth[node] = 0 if p < 0 else depth[p] + (t.spans[p, 1] - t.spans[p, 0])
-        prev = -1 if p < 0 else last[p]
-        cols = slice(cursor, cursor + k)
-        tokens[r, cols] = t.tokens[sl]
-        positions[r, cols] = depth[node] + np.arange(k)
-        pred[r, cols] = np.concatenate([[cursor if prev < 0 else prev], cursor + np.arange(k - 1)]
-                                       )[:k] if k else []
-        node_ids[r, cols] = node_base + node
-        m = t.loss_mask[sl]
-        mask[r, cols] = m
-        old[r, cols] = t.old_logp[sl]
-        ref[r, cols] = _ref(t)[sl]
-        pos_w[r, cols] = m * node_p[node]
-        neg_w[r, cols] = m * node_n[node]
-        wt[r, cols] = m * node_w[node]
-        last[node] = cursor + k - 1 if k else prev
-        anc[r, node_base + node, node_base + node] = True
-        if p >= 0:
-          anc[r, node_base + node] |= anc[r, node_base + p]
-        cursor += k
-      node_base += n
+      cursor = _fill_tree(arrays, r, cursor, node_base, trees[i], leaf_w[i])
+      node_base += trees[i].num_nodes
+  return _finish(arrays, seq_len, block, max_kv_blocks)
+
+
+def subtree(tree: TrainTree, leaves) -> tuple[TrainTree, dict[int, int]]:
+  """The part of `tree` on the root-to-leaf paths of `leaves`, and {old node: new node}.
+  Nodes are renumbered depth-first (parents still first), so each path's tokens sit close
+  together in a packed row and the block-sparse attention reads few key blocks; exactly
+  `leaves` are valid. Training on it gives those leaves the same tokens, contexts and
+  advantages as in `tree`."""
+  keep = {n for leaf in leaves for n in tree.path(int(leaf))}
+  children: dict[int, list[int]] = {}
+  for n in sorted(keep):
+    if tree.parent[n] >= 0:
+      children.setdefault(int(tree.parent[n]), []).append(n)
+  order, stack = [], [0]
+  while stack:   # depth-first preorder
+    n = stack.pop()
+    order.append(n)
+    stack.extend(reversed(children.get(n, [])))
+  new = {old: i for i, old in enumerate(order)}
+  parent = np.array([-1 if tree.parent[o] < 0 else new[int(tree.parent[o])] for o in order])
+  flat = np.concatenate([np.arange(*tree.spans[o]) for o in order]).astype(np.int64)
+  lens = tree.spans[order, 1] - tree.spans[order, 0]
+  ends = np.cumsum(lens)
+  valid = np.zeros(len(order), bool)
+  valid[[new[int(leaf)] for leaf in leaves]] = True
+  return TrainTree(parent=parent, spans=np.stack([ends - lens, ends], axis=1),
+                   tokens=tree.tokens[flat], loss_mask=tree.loss_mask[flat],
+                   old_logp=tree.old_logp[flat], advantages=np.asarray(tree.advantages)[order],
+                   ref_logp=_ref(tree)[flat], group_id=tree.group_id, leaf_valid=valid), new
+
+
+def _pieces(tree: TrainTree, weights: dict[int, float], seq_len: int, max_nodes: int,
+            per_leaf: bool) -> list[tuple[TrainTree, dict[int, float]]]:
+  """`tree` cut into (subtree, leaf weights) pieces of at most `seq_len` tokens and `max_nodes`
+  nodes: one per weighted leaf (`per_leaf`), else as few as fit, neighbouring leaves (which
+  share the most prefix) together. Nodes on no weighted leaf's path are dropped."""
+  def node_len(n):
+    return int(tree.spans[n, 1] - tree.spans[n, 0])
+  groups: list[list[int]] = []
+  nodes: set[int] = set()
+  size = 0
+  for leaf in sorted(weights, key=tree.path):   # depth-first order
+    path = tree.path(leaf)
+    if sum(map(node_len, path)) > seq_len or len(path) > max_nodes:
+      raise ValueError(f"a trajectory of {sum(map(node_len, path))} tokens / {len(path)} steps does "
+                       f"not fit a learner row of learner.row_tokens={seq_len} tokens / "
+                       f"{max_nodes} nodes: raise learner.row_tokens")
+    extra = [n for n in path if n not in nodes]
+    if groups and not per_leaf and size + sum(map(node_len, extra)) <= seq_len and (
+        len(nodes) + len(extra) <= max_nodes):
+      groups[-1].append(leaf)
+    else:
+      groups.append([leaf])
+      nodes, size = set(), 0
+      extra = path
+    nodes.update(extra)
+    size += sum(map(node_len, extra))
+  out = []
+  for g in groups:
+    piece, new = subtree(tree, g)
+    out.append((piece, {new[leaf]: weights[leaf] for leaf in g}))
+  return out
+
+
+def pack_microbatches(trees: list[TrainTree], row_tokens: int, rows: int, *,
+                      aggregation: str = "traj_mean", per_leaf: bool = False,
+                      max_nodes: int | None = None, block: int = 32,
+                      max_kv_blocks: int | None = None, share_prompts: bool = True,
+                      totals: BatchTotals | None = None, min_batches: int = 1
+                      ) -> list[PackedBatch]:
+  """Micro-batches of one fixed shape, [rows, row_tokens], holding every weighted leaf of
+  `trees`: the trees (or, `per_leaf`, each leaf's root-to-leaf path on its own) are cut into
+  pieces that fit a row (`_pieces`) and packed first-fit by decreasing size, several per
+  row, so executed tokens stay near the real ones and every step compiles the same program.
+  The leaves are weighed over all of `trees` (`aggregation`, `totals`), so summing the
+  micro-batches' losses and gradients gives one update over the whole batch, equal to
+  `leaf_batch`'s.
+
+  max_nodes: nodes per row (default row_tokens // 8, at least 16); max_kv_blocks: the
+  block-sparse attention's key-block width (default: the batch's need in `fine_bucket`s, the
+  same for every micro-batch, so a step compiles at most one new width and the attention reads
+  about the blocks it needs). `min_batches` pads with empty micro-batches (multi-host: the
+  same count on every process)."""
+  max_nodes = max_nodes or max(16, row_tokens // 8)
+  if share_prompts and not per_leaf:
+    trees = merge_shared_roots(trees, row_tokens, max_nodes)
+  leaf_w = _leaf_weights(trees, aggregation, totals)
+  pieces = [p for t, w in zip(trees, leaf_w) if w
+            for p in _pieces(t, w, row_tokens, max_nodes, per_leaf)]
+  order = sorted(range(len(pieces)), key=lambda i: -len(pieces[i][0].tokens))
+  placed: list[list[int]] = []
+  used: list[list[int]] = []
+  for i in order:
+    size, nodes = len(pieces[i][0].tokens), pieces[i][0].num_nodes
+    for r, (tok, nod) in enumerate(used):
+      if tok + size <= row_tokens and nod + nodes <= max_nodes:
+        placed[r].append(i)
+        used[r] = [tok + size, nod + nodes]
+        break
+    else:
+      placed.append([i])
+      used.append([size, nodes])
+  count = max(-(-len(placed) // rows), int(min_batches))
+  placed += [[] for _ in range(count * rows - len(placed))]
+  out = []
+  for b in range(count):
+    arrays = _empty_rows(rows, row_tokens, max_nodes)
+    for r, members in enumerate(placed[b * rows:(b + 1) * rows]):
+      cursor = node_base = 0
+      for i in members:
+        cursor = _fill_tree(arrays, r, cursor, node_base, *pieces[i])
+        node_base += pieces[i][0].num_nodes
+    out.append(_finish(arrays, row_tokens, block, max_kv_blocks))
+  return with_kv_width(out, max(mb.kv_blocks.shape[2] for mb in out)) if out else out
+
+
+def with_kv_width(micro: list[PackedBatch], width: int) -> list[PackedBatch]:
+  """The micro-batches with their key-block lists padded (-1) to one `width`."""
+  pad = lambda k: np.pad(k, ((0, 0), (0, 0), (0, width - k.shape[2])), constant_values=-1)  # noqa: E731
+  return [mb.replace(kv_blocks=pad(mb.kv_blocks)) for mb in micro]
+
+
+def _empty_rows(b: int, seq_len: int, max_nodes: int) -> dict:
+  f32 = lambda: np.zeros((b, seq_len), np.float32)  # noqa: E731
+  return dict(tokens=np.zeros((b, seq_len), np.int32), positions=np.zeros((b, seq_len), np.int32),
+              pred_index=np.tile(np.arange(seq_len, dtype=np.int32), (b, 1)),
+              node_ids=np.full((b, seq_len), -1, np.int32),
+              ancestors=np.zeros((b, max_nodes, max_nodes), bool), old_logp=f32(), ref_logp=f32(),
+              pos_weight=f32(), neg_weight=f32(), weight=f32(),
+              loss_mask=np.zeros((b, seq_len), bool))
+
+
+def _fill_tree(a: dict, r: int, cursor: int, node_base: int, t: TrainTree,
+               w: dict[int, float]) -> int:
+  """Write tree `t` (leaf weights `w`) into row `r` of the arrays `a` from token `cursor`,
+  its nodes numbered from `node_base`; returns the cursor after it."""
+  n = t.num_nodes
+  # Per-node sums over the valid leaves below it.
+  node_w, node_p, node_n = np.zeros(n), np.zeros(n), np.zeros(n)
+  for leaf, wl in w.items():
+    for node, adv in path_advantages(t, leaf):
+      node_w[node] += wl
+      node_p[node] += wl * max(adv, 0.0)
+      node_n[node] += wl * max(-adv, 0.0)
+  depth = np.zeros(n, np.int64)   # path position of each node's first token
+  last = np.full(n, -1, np.int64)  # packed index of the last token on the root-to-node path
+  anc = a["ancestors"][r]
+  ref = _ref(t)
+  for node in range(n):
+    p = t.parent[node]
+    sl = t.node_slice(node)
+    k = sl.stop - sl.start
+    depth[node] = 0 if p < 0 else depth[p] + (t.spans[p, 1] - t.spans[p, 0])
+    prev = -1 if p < 0 else last[p]
+    cols = slice(cursor, cursor + k)
+    a["tokens"][r, cols] = t.tokens[sl]
+    a["positions"][r, cols] = depth[node] + np.arange(k)
+    if k:
+      a["pred_index"][r, cols] = np.concatenate([[cursor if prev < 0 else prev],
+                                                 cursor + np.arange(k - 1)])
+    a["node_ids"][r, cols] = node_base + node
+    m = t.loss_mask[sl]
+    a["loss_mask"][r, cols] = m
+    a["old_logp"][r, cols] = t.old_logp[sl]
+    a["ref_logp"][r, cols] = ref[sl]
+    a["pos_weight"][r, cols] = m * node_p[node]
+    a["neg_weight"][r, cols] = m * node_n[node]
+    a["weight"][r, cols] = m * node_w[node]
+    last[node] = cursor + k - 1 if k else prev
+    anc[node_base + node, node_base + node] = True
+    if p >= 0:
+      anc[node_base + node] |= anc[node_base + p]
+    cursor += k
+  return cursor
+
+
+def _finish(a: dict, seq_len: int, block: int | None, max_kv_blocks: int | None) -> PackedBatch:
   if block is None:
     block = next(k for k in (32, 16, 8, 4, 2, 1) if seq_len % k == 0)
-  kv_blocks = kv_block_lists(node_ids, anc, block, max_kv_blocks)
+  kv_blocks = kv_block_lists(a["node_ids"], a["ancestors"], block, max_kv_blocks)
   if max_kv_blocks is None:  # pad the width to 2^k or 3 * 2^k (at most every block)
     need = kv_blocks.shape[2]
     width = min(seq_len // block, fine_bucket(need))
     kv_blocks = np.pad(kv_blocks, ((0, 0), (0, 0), (0, width - need)), constant_values=-1)
-  return PackedBatch(tokens=tokens, positions=positions, pred_index=pred, node_ids=node_ids,
-                     ancestors=anc, old_logp=old, ref_logp=ref, pos_weight=pos_w,
-                     neg_weight=neg_w, weight=wt, loss_mask=mask, kv_blocks=kv_blocks)
+  return PackedBatch(kv_blocks=kv_blocks, **a)
 
 
 def packed_attention_mask(node_ids: jax.Array, ancestors: jax.Array) -> jax.Array:

@@ -27,7 +27,8 @@ import numpy as np
 
 from tree_rl.buckets import fine_bucket
 from tree_rl.learner import advantages as advantage_lib
-from tree_rl.learner.batches import TrainTree, leaf_batch, pack_trees
+from tree_rl.learner.batches import (TrainTree, leaf_batch, pack_microbatches, pack_trees,
+                                     with_kv_width)
 from tree_rl.rollout.tree import path_nodes
 
 OVERLONG_TRUNCATED = ("keep", "penalize", "mask")
@@ -197,7 +198,11 @@ def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
   With several processes each passes its own trees: the shapes are agreed (the largest
   bucket of any process), packed weights use the whole batch's totals, every process returns
   the same number of batches (an empty share gives padding rows), and the rows are this
-  process's share of each global batch (`TrainStep.shard_batch`)."""
+  process's share of each global batch (`TrainStep.shard_batch`).
+
+  With `learner.row_tokens` > 0 each batch is instead a list of fixed-shape micro-batches
+  (`pack_microbatches`: [learner.microbatch_rows / processes, row_tokens] on each process,
+  as many as the most any process needs), one update summing their gradients."""
   from tree_rl import hosts
   from tree_rl.learner.batches import batch_totals, global_totals
   procs = hosts.count()
@@ -211,7 +216,9 @@ def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
     members = [t for t in trees if t.group_id in set(chunk)]
     if procs == 1 and not members:
       continue
-    if config.learner.packed:
+    if int(config.learner.row_tokens):
+      batch = _fixed_microbatches(config, members, procs)
+    elif config.learner.packed:
       shape = hosts.agree_max({
           "seq": fine_bucket(max([len(t.tokens) for t in members] or [1]), 64),
           "nodes": fine_bucket(max([t.num_nodes for t in members] or [1]), 8),
@@ -234,6 +241,21 @@ def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
       batch = leaf_batch(members, shape["seq"], rows=shape["rows"])
     batches.append(batch)
   return batches
+
+
+def _fixed_microbatches(config, members: list[TrainTree], procs: int) -> list:
+  from tree_rl import hosts
+  from tree_rl.learner.batches import batch_totals, global_totals
+  lcfg = config.learner
+  kw = dict(aggregation=lcfg.aggregation, per_leaf=not lcfg.packed,
+            block=int(lcfg.attention_block),
+            totals=global_totals(members) if procs > 1 else batch_totals(members))
+  row_tokens, rows = int(lcfg.row_tokens), -(-int(lcfg.microbatch_rows) // procs)
+  out = pack_microbatches(members, row_tokens, rows, **kw)
+  agreed = hosts.agree_max({"microbatches": len(out), "kv_blocks": out[0].kv_blocks.shape[2] if out else 1})
+  if agreed["microbatches"] > len(out):   # another process needs more: pad with empty ones
+    out += pack_microbatches([], row_tokens, rows, min_batches=agreed["microbatches"] - len(out), **kw)
+  return with_kv_width(out, agreed["kv_blocks"])
 
 
 def rollout_trees(config, out, end_of_turn_id: int | None = None, prompts=None

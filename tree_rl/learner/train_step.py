@@ -3,7 +3,8 @@
 `make_train_step(config, model)` returns a `TrainStep`: `init()` places float32 master weights and
 the AdamW state on the mesh; `step(state, batch)` is one jitted update (explicit in/out
 shardings, the state donated) over a `LeafBatch` or `PackedBatch`, with gradient accumulation
-over `learner.microbatches`. A non-finite loss, gradient, new weight or optimizer moment leaves
+over `learner.microbatches`, or over a list of fixed-shape micro-batches (one jitted
+gradient per micro-batch, summed, then one jitted apply: the same three programs every step). A non-finite loss, gradient, new weight or optimizer moment leaves
 the state untouched and reports `skipped = 1` in the metrics.
 """
 
@@ -158,34 +159,56 @@ class TrainStep:
         entropy=ent if need_entropy else None, clip_low=lcfg.clip_low, clip_high=lcfg.clip_high,
         kl_coef=lcfg.kl_coef, entropy_coef=lcfg.entropy_coef)
 
+  def _grads(self, params, arrays):
+    """((loss, stats), grads) of one batch's arrays (`_token_arrays`)."""
+    return jax.value_and_grad(self._loss, has_aux=True)(params, arrays)
+
+  def _zeros(self, params, arrays):
+    """(loss, stats, grads) of nothing yet: the start of a sum over micro-batches."""
+    (loss, stats), grads = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                                        jax.eval_shape(self._grads, params, arrays))
+    inf = jnp.full((), jnp.inf, jnp.float32)
+    return loss, dict(stats, ratio_max=-inf, ratio_min=inf), grads
+
+  def _sum(self, sums, params, arrays):
+    """`sums` plus the loss, stats and gradient of one micro-batch's arrays."""
+    (l, s), g = self._grads(params, arrays)
+    loss, stats, grads = sums
+    return loss + l, _merge_stats(stats, s), jax.tree.map(jnp.add, grads, g)
+
+  def _zero_sums(self, params, batch):
+    return self._zeros(params, _token_arrays(batch, self.config.learner))
+
+  def _add(self, sums, params, batch):
+    self.trace_count += 1
+    return self._sum(sums, params, _token_arrays(batch, self.config.learner))
+
   def _update(self, state: TrainState, batch):
     self.trace_count += 1
-    lcfg = self.config.learner
-    arrays = _token_arrays(batch, lcfg)
-    grad_fn = jax.value_and_grad(self._loss, has_aux=True)
-    n = int(lcfg.microbatches)
+    arrays = _token_arrays(batch, self.config.learner)
+    n = int(self.config.learner.microbatches)
     rows = arrays["tokens"].shape[0]
     if n <= 1:
-      (loss, stats), grads = grad_fn(state.params, arrays)
-    else:
-      if rows % n:
-        raise ValueError(f"learner.microbatches={n} does not divide the batch of {rows} rows")
-      # Micro-batch k takes rows k, k+n, ...: every data shard contributes to every micro-batch.
-      split = jax.tree.map(lambda a: jnp.swapaxes(a.reshape((rows // n, n) + a.shape[1:]), 0, 1),
-                           arrays)
-      spec = lambda a: NamedSharding(self.mesh, sharding.batch_spec(self.rules, self.mesh, a.ndim,
-                                                                    a.shape[0]))
+      return self._apply(state, self._sum(self._zeros(state.params, arrays), state.params, arrays))
+    if rows % n:
+      raise ValueError(f"learner.microbatches={n} does not divide the batch of {rows} rows")
+    # Micro-batch k takes rows k, k+n, ...: every data shard contributes to every micro-batch.
+    split = jax.tree.map(lambda a: jnp.swapaxes(a.reshape((rows // n, n) + a.shape[1:]), 0, 1),
+                         arrays)
+    spec = lambda a: NamedSharding(self.mesh, sharding.batch_spec(self.rules, self.mesh, a.ndim,  # noqa: E731
+                                                                  a.shape[0]))
 
-      def body(carry, mb):
-        mb = jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, spec(a)), mb)
-        (l, s), g = grad_fn(state.params, mb)
-        acc_l, acc_s, acc_g = carry
-        return (acc_l + l, _merge_stats(acc_s, s), jax.tree.map(jnp.add, acc_g, g)), None
+    def body(sums, mb):
+      mb = jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, spec(a)), mb)
+      return self._sum(sums, state.params, mb), None
 
-      shapes = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda a: a[0], split))
-      (loss, stats), grads = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-      stats = dict(stats, ratio_max=jnp.full((), -jnp.inf), ratio_min=jnp.full((), jnp.inf))
-      (loss, stats, grads), _ = jax.lax.scan(body, (loss, stats, grads), split)
+    first = jax.tree.map(lambda a: a[0], split)
+    sums, _ = jax.lax.scan(body, self._zeros(state.params, first), split)
+    return self._apply(state, sums)
+
+  def _apply(self, state: TrainState, sums):
+    """The optimizer update from summed (loss, stats, grads); skipped when not finite."""
+    loss, stats, grads = sums
     grad_norm = optax.global_norm(grads)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -193,7 +216,7 @@ class TrainStep:
     # finite gradient can still give inf weights, e.g. through an overflowing learning rate).
     finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _all_finite(params)
               & _all_finite(opt_state))
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
     new_state = TrainState(step=state.step + finite.astype(jnp.int32),
                            params=keep(params, state.params),
                            opt_state=keep(opt_state, state.opt_state),
@@ -217,7 +240,11 @@ class TrainStep:
     return self._jitted[kind](ref_params, batch)
 
   def __call__(self, state: TrainState, batch) -> tuple[TrainState, dict]:
-    """One update; `batch` is a LeafBatch or PackedBatch of global (or single-process) arrays."""
+    """One update; `batch` is a LeafBatch or PackedBatch of global (or single-process) arrays,
+    or a list of same-shape micro-batches (`batches.pack_microbatches`): their gradients are
+    summed, one jitted call each, then applied once."""
+    if isinstance(batch, (list, tuple)):
+      return self._micro_update(state, list(batch))
     kind = type(batch)
     if kind not in self._jitted:
       self._jitted[kind] = jax.jit(
@@ -225,6 +252,27 @@ class TrainStep:
           out_shardings=(self.state_shardings, self.replicated), donate_argnums=(0,),
           compiler_options=self.compiler_options)
     return self._jitted[kind](state, batch)
+
+  def _micro_update(self, state: TrainState, batches: list) -> tuple[TrainState, dict]:
+    if not batches:
+      raise ValueError("an update needs at least one micro-batch")
+    kind = ("micro", type(batches[0]))
+    if kind not in self._jitted:
+      bs = self.batch_shardings(batches[0])
+      shapes = jax.eval_shape(self._zero_sums, self._init_params, batches[0])
+      sums = (self.replicated, jax.tree.map(lambda _: self.replicated, shapes[1]),
+              self.param_shardings)
+      self._jitted[kind] = (
+          jax.jit(self._zero_sums, in_shardings=(self.param_shardings, bs), out_shardings=sums),
+          jax.jit(self._add, in_shardings=(sums, self.param_shardings, bs), out_shardings=sums,
+                  donate_argnums=(0,), compiler_options=self.compiler_options),
+          jax.jit(self._apply, in_shardings=(self.state_shardings, sums),
+                  out_shardings=(self.state_shardings, self.replicated), donate_argnums=(0,)))
+    zero, add, apply = self._jitted[kind]
+    sums = zero(state.params, batches[0])
+    for mb in batches:
+      sums = add(sums, state.params, mb)
+    return apply(state, sums)
 
 
 def _all_finite(tree) -> jax.Array:
@@ -260,6 +308,15 @@ def validate_config(config) -> None:
   make_optimizer(lcfg)   # an unknown lr_schedule raises here, naming the known ones
   if lcfg.microbatches < 1:
     raise ValueError(f"learner.microbatches={lcfg.microbatches} must be >= 1")
+  if int(lcfg.row_tokens) < 0 or int(lcfg.row_tokens) % int(lcfg.attention_block):
+    raise ValueError(f"learner.row_tokens={lcfg.row_tokens} must be 0 (off) or a positive multiple "
+                     f"of learner.attention_block={lcfg.attention_block}")
+  if int(lcfg.row_tokens) and int(lcfg.microbatches) != 1:
+    raise ValueError(f"learner.microbatches={lcfg.microbatches} and learner.row_tokens="
+                     f"{lcfg.row_tokens} both set the micro-batches: with row_tokens > 0 their "
+                     "count follows the data (set learner.microbatches=1)")
+  if int(lcfg.microbatch_rows) < 1:
+    raise ValueError(f"learner.microbatch_rows={lcfg.microbatch_rows} must be >= 1")
   if lcfg.shared_advantage not in ("per_leaf", "mean"):
     raise ValueError(f"learner.shared_advantage={lcfg.shared_advantage!r}; known: ('per_leaf', 'mean')")
   from tree_rl.learner.from_rollout import OVERLONG_TRUNCATED
