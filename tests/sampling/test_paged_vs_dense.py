@@ -137,10 +137,12 @@ def test_segmented_turn_loop_equals_dense(model):
   check_invariants(d.cache)
 
 
-def test_prefill_reads_only_the_pages_the_longest_row_holds(model, monkeypatch):
-  """The prefix window of an observation prefill is a power-of-two bucket of the longest live
-  row's pages (not the whole page table), and its logits are still the dense ones."""
-  from tree_rl.sampling import api
+def test_one_prefill_program_reads_cached_contexts_of_any_length(model, monkeypatch):
+  """Observation prefills read the cached pages in blocks (2 pages of 4 tokens here), only as
+  far as the longest row's cache reaches: contexts of 0 to 6 blocks run through one compiled
+  program, with no host read of the cache, and give the dense logits."""
+  from tree_rl.sampling import api, prefill_chunks
+  monkeypatch.setattr(prefill_chunks, "PREFIX_BLOCK_TOKENS", 8)
   seen = []
   build = api._build.__wrapped__
 
@@ -151,9 +153,10 @@ def test_prefill_reads_only_the_pages_the_longest_row_holds(model, monkeypatch):
 
   monkeypatch.setattr(api, "_build", spy)
   d = Driver(model, max_pages_per_seq=16)            # page size 4: a 64-token page table
-  d.prefill({0: list(range(3, 13)), 1: [5, 6, 7]})    # fresh rows: no cached pages are read
-  out = d.prefill({0: [40, 41, 42], 1: [50, 51]})     # row 0 holds 9 tokens = 3 pages
-  assert seen == [0, 4]
-  for row, slot in ((0, 0), (1, 1)):
-    np.testing.assert_allclose(_log_softmax(out.logits[row]), dense_logprobs(model, d.seqs[slot])[-1],
-                               atol=2e-4)
+  d.prefill({0: list(range(3, 13)), 1: [5, 6, 7]})    # fresh rows: nothing cached yet
+  for chunk in ([40, 41, 42], [43] * 9, [44, 45]):    # row 0 holds 9, then 12, then 21 tokens
+    out = d.prefill({0: chunk, 1: [50, 51]})
+    for row, slot in ((0, 0), (1, 1)):
+      np.testing.assert_allclose(_log_softmax(out.logits[row]),
+                                 dense_logprobs(model, d.seqs[slot])[-1], atol=2e-4)
+  assert set(seen) == {None}   # one static signature (the harness keeps B and T fixed)

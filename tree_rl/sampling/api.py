@@ -296,8 +296,9 @@ def prefill(cache: Cache, slots, tokens, lengths, valid=None, *, read_cache: boo
   every earlier token has its KV stored, so `decode` starts without recomputing anything.
   Rows with status != Status.OK leave their sequence unchanged.
   read_cache=False skips attention to cached pages (valid when every row starts a new
-  sequence: fresh prompts); None decides on the host from the cache (one small copy) and then
-  reads only as many cached pages per row as the longest row holds (a power-of-two bucket).
+  sequence: fresh prompts; a row with cached pages is refused); otherwise attention reads the
+  cached pages in blocks, as far as the longest row's cache reaches, with no host round trip
+  and one compiled program for every context length.
   """
   slots = _rows(slots, jnp.int32, "slots")
   tokens = jnp.asarray(tokens, jnp.int32)
@@ -305,12 +306,8 @@ def prefill(cache: Cache, slots, tokens, lengths, valid=None, *, read_cache: boo
     raise ValueError(f"tokens must be [batch={slots.shape[0]}, T], got shape {tokens.shape}")
   lengths = _rows(lengths, jnp.int32, "lengths")
   valid = _mask(valid, slots.shape[0])
-  prefix_pages = 0 if read_cache is False else None   # None: the whole page table
-  if read_cache is None and not isinstance(cache.state.lens, jax.core.Tracer):
-    _, pl = _call(_plan_op, cache, slots, valid)
-    used = int(np.asarray(jax.device_get(pl)).reshape(-1, 3)[:, 2].max())
-    prefix_pages = pow2_bucket(used, 0, cache.spec.max_pages_per_seq)   # 0: no row has any
-  statics = (("prefix_pages", prefix_pages),)
+  # None: the whole page table, read only as far as the longest row's cache reaches
+  statics = (("prefix_pages", 0 if read_cache is False else None),)
   return _call(_prefill_op, cache, slots, tokens, lengths, valid, statics=statics)
 
 

@@ -18,11 +18,13 @@ import jax.numpy as jnp
 NEG = -1e30
 
 
-def gather_pages(pages: jax.Array, table: jax.Array) -> jax.Array:
-  """pages [N, ps, KV, D], table [B, W] -> [B, W*ps, KV, D] (entries clipped into range)."""
+def gather_pages(pages: jax.Array, table: jax.Array, layer: int | None = None) -> jax.Array:
+  """pages [N, ps, KV, D] (or [L, N, ps, KV, D] and a `layer`), table [B, W] -> [B, W*ps, KV, D]
+  (entries clipped into range)."""
   b, w = table.shape
-  g = pages[jnp.clip(table, 0, pages.shape[0] - 1)]
-  return g.reshape(b, w * pages.shape[1], *pages.shape[2:])
+  idx = jnp.clip(table, 0, pages.shape[-4] - 1)
+  g = pages[idx] if layer is None else pages[layer, idx]
+  return g.reshape(b, w * pages.shape[-3], *pages.shape[-2:])
 
 
 def attend(q: jax.Array, parts) -> jax.Array:
@@ -58,3 +60,50 @@ def attend(q: jax.Array, parts) -> jax.Array:
   denom = jnp.moveaxis(denom[..., 0], 3, 1)[..., None]   # [B, T, KV, G, 1]
   out = out / jnp.maximum(denom, 1e-30)
   return out.reshape(b, t, h, d).astype(q.dtype)
+
+
+def attend_with_pages(q, k, v, mask, pages_k, pages_v, table, cached, block: int,
+                      layer: int | None = None):
+  """Attention of a chunk over its own keys (k, v [B, T, KV, D] with `mask` [B, T, T]) and each
+  row's first `cached` [B] tokens in the page pool (pages [N, ps, KV, D], rows' page tables
+  `table` [B, W]; with `layer`, pages are [L, N, ps, KV, D] and layer `layer` is read). The
+  pages are read `block` at a time in a loop that runs only as far as the
+  longest row's cache reaches (a dynamic trip count: one program for every context length),
+  with a running (online) softmax; the result equals `attend` over the same keys.
+  """
+  b, t, h, d = q.shape
+  kvh = k.shape[2]
+  ps, width = pages_k.shape[-3], table.shape[1]
+  qg = q.reshape(b, t, kvh, h // kvh, d)
+  scale = d ** -0.5
+
+  def scores(keys, visible):   # visible [B, T or 1, S] -> scores [B, KV, G, T, S]
+    s = jnp.einsum("btkgd,bskd->bkgts", qg, keys.astype(q.dtype), preferred_element_type=jnp.float32)
+    return jnp.where(visible[:, None, None], s * scale, NEG)
+
+  def update(carry, s, values, visible):
+    m, l, acc = carry
+    m_new = jnp.maximum(m, s.max(-1))
+    p = jnp.where(visible[:, None, None], jnp.exp(s - m_new[..., None]), 0.0)
+    corr = jnp.exp(m - m_new)
+    acc = acc * corr[..., None] + jnp.einsum("bkgts,bskd->bkgtd", p.astype(q.dtype),
+                                             values.astype(q.dtype), preferred_element_type=jnp.float32)
+    return m_new, l * corr + p.sum(-1), acc
+
+  g = h // kvh
+  start = (jnp.full((b, kvh, g, t), NEG, jnp.float32), jnp.zeros((b, kvh, g, t), jnp.float32),
+           jnp.zeros((b, kvh, g, t, d), jnp.float32))
+  carry = update(start, scores(k, mask), v, mask)
+
+  def body(i, carry):
+    cols = i * block + jnp.arange(block)
+    pages = jnp.where(cols < width, table[:, jnp.clip(cols, 0, width - 1)], 0)      # [B, block]
+    pos = (cols[:, None] * ps + jnp.arange(ps)).reshape(-1)                          # [block * ps]
+    visible = jnp.broadcast_to((pos[None, :] < cached[:, None])[:, None, :], (b, 1, pos.shape[0]))
+    kb, vb = gather_pages(pages_k, pages, layer), gather_pages(pages_v, pages, layer)
+    return update(carry, scores(kb, visible), vb, visible)
+
+  steps = -(-jnp.max(-(-cached // ps)) // block)   # blocks of pages the longest row holds
+  m, l, acc = jax.lax.fori_loop(0, steps, body, carry)
+  out = acc / jnp.maximum(l, 1e-30)[..., None]                                        # [B,KV,G,T,D]
+  return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, h, d).astype(q.dtype)

@@ -6,7 +6,10 @@ import jax
 import jax.numpy as jnp
 
 from tree_rl.sampling import cache as C
-from tree_rl.sampling.attention import attend, gather_pages
+from tree_rl.sampling.attention import attend, attend_with_pages
+
+# Cached tokens read per step of the prefix loop (rounded to whole pages).
+PREFIX_BLOCK_TOKENS = 128
 
 
 def prefill(model, state: C.CacheState, slots: jax.Array, tokens: jax.Array, lengths: jax.Array,
@@ -18,7 +21,9 @@ def prefill(model, state: C.CacheState, slots: jax.Array, tokens: jax.Array, len
   (state, logits [B, V] float32 of each chunk's last token, status [B], computed [B] = tokens
   run through the model). A row whose status is not OK leaves the cache unchanged.
   prefix_pages (static, default max_pages_per_seq) is how many cached pages per row attention
-  reads; a row with more cached pages than that is refused (INVALID). 0 skips the cache.
+  may read; a row with more cached pages than that is refused (INVALID). 0 skips the cache.
+  The pages are read in blocks, only as far as the longest row's cache reaches
+  (`attend_with_pages`), so one program serves every context length.
   """
   ps, s = state.k.shape[2], state.lens.shape[0]
   b, t = tokens.shape
@@ -55,32 +60,30 @@ def prefill(model, state: C.CacheState, slots: jax.Array, tokens: jax.Array, len
   positions = start[:, None] + jnp.arange(t + 1)[None, :]
   j = jnp.arange(t + 1)
   chunk_mask = (j[None, None, :] <= j[None, :, None]) & (j[None, None, :] < eff_len[:, None, None])
-  prefix_pos = jnp.arange(wp * ps)
-  prefix_mask = jnp.broadcast_to((prefix_pos[None, :] < start[:, None])[:, None, :], (b, t + 1, wp * ps))
+  cached = jnp.where(ok, start, 0)   # cached tokens each row attends to
+  # KV of positions start .. start + write - 1 goes to the pool.
+  wok = ok[:, None] & (j[None, :] < write[:, None])
+  page = jnp.take_along_axis(rows_table, jnp.clip(positions // ps, 0, mp - 1), axis=1)
+  page = jnp.where(wok, page, state.k.shape[1])
+  off = positions % ps
 
-  def attend_fn(layer, q, k, v, kvs):
-    parts = [(k, v, chunk_mask)]
-    if wp > 0:
-      pk = gather_pages(state.k[layer], rows_table[:, :wp])
-      pv = gather_pages(state.v[layer], rows_table[:, :wp])
-      parts.append((pk, pv, prefix_mask))
-    out = attend(q, parts)
-    return out, kvs + ((k, v),)
+  def attend_fn(layer, q, k, v, pools):
+    # Write this layer's new KV first, then read the cached prefix from the written pool: the
+    # reads depend on the write, so XLA updates the donated pool in place (reading the input
+    # pool instead makes it copy the whole pool on every call). The write never touches the
+    # positions read (< start).
+    pk = pools[0].at[layer, page, off].set(k.astype(pools[0].dtype), mode="drop")
+    pv = pools[1].at[layer, page, off].set(v.astype(pools[1].dtype), mode="drop")
+    if wp == 0:
+      out = attend(q, [(k, v, chunk_mask)])
+    else:
+      out = attend_with_pages(q, k, v, chunk_mask, pk, pv, rows_table[:, :wp], cached,
+                              max(1, PREFIX_BLOCK_TOKENS // ps), layer=layer)
+    return out, (pk, pv)
 
-  hidden, kvs = model.forward(eff, positions, attend_fn, ())
+  hidden, (k_new, v_new) = model.forward(eff, positions, attend_fn, (state.k, state.v))
   last = jnp.take_along_axis(hidden, jnp.clip(eff_len - 1, 0, t)[:, None, None], axis=1)[:, 0]
   logits = model.logits(last)
-
-  # Store KV of positions start .. start + write - 1.
-  wpos = positions
-  wok = ok[:, None] & (j[None, :] < write[:, None])
-  page = jnp.take_along_axis(rows_table, jnp.clip(wpos // ps, 0, mp - 1), axis=1)
-  page = jnp.where(wok, page, state.k.shape[1])
-  off = wpos % ps
-  ks = jnp.stack([kv[0] for kv in kvs]).astype(state.k.dtype)   # [L, B, t+1, KV, D]
-  vs = jnp.stack([kv[1] for kv in kvs]).astype(state.v.dtype)
-  k_new = state.k.at[:, page, off].set(ks, mode="drop")
-  v_new = state.v.at[:, page, off].set(vs, mode="drop")
   last_tok = jnp.take_along_axis(eff, jnp.clip(eff_len - 1, 0, t)[:, None], axis=1)[:, 0]
   rows = jnp.where(ok, sl, s)
   state = state.replace(
