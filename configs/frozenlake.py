@@ -52,12 +52,15 @@ def _cpu_scale(c):
   c.rollout.max_branches = 8
   c.sampler.num_pages = 8192
   c.sampler.attention = "reference"   # fewest compiled shapes on CPU; "auto" on accelerators
-  # Per-leaf rows: their memory is bounded by (leaves x longest path); packed rows of 10-turn PATR
-  # trees on 9x9 maps ran out of host memory once in the block-sparse attention.
-  c.learner.packed = False
-  # Four micro-batches per update: the same update (summed gradients) at about half the peak
-  # host memory of the main job (5.8 GB instead of 10.5 GB; docs/benchmarks.md).
-  c.learner.microbatches = 4
+  # float32 KV: XLA's CPU backend converts a bfloat16 pool to float32 and back around every
+  # write (the whole pool, each prefill and decode); accelerators write bfloat16 natively.
+  c.sampler.kv_dtype = "float32"
+  # Fixed-shape learner micro-batches of 4 rows x 1536 tokens (the longest trajectory these maps
+  # allow), tree-packed (each node once, block-sparse ancestor attention): executed tokens below
+  # the per-leaf ones, memory bounded by the micro-batch, one shape every step. Measured against
+  # root-to-leaf rows (packed=False) in docs/benchmarks.md: 3.3 s vs 5.7 s per steady step.
+  c.learner.packed = True
+  c.learner.row_tokens, c.learner.microbatch_rows, c.learner.microbatches = 1536, 4, 1
   # Warm start: imitate an expert that plays a random move 20% of the time (the noisy moves are
   # trained on too), and stop as soon as the greedy policy wins half of 64 train maps. The result
   # plays the right move most often but samples many wrong ones: it completes episodes, is far

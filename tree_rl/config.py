@@ -182,6 +182,7 @@ def base_config() -> ml_collections.ConfigDict:
       eval_every=25,            # evaluate every N RL steps (and before the first, and at the end)
       eval_prompts=0,           # held-out prompts per evaluation (0 = the whole test split)
       eval_samples=4,           # sampled episodes per prompt for the sampled success and pass@k
+      eval_chunk=0,             # held-out prompts per evaluation rollout (0 = all in one rollout per mode)
       num_train_tasks=0,        # train-split size to prepare (0 = the dataset preset's own)
       num_test_tasks=0,         # test-split size to prepare (0 = the dataset preset's own)
   )
@@ -284,7 +285,8 @@ def exit_on_bad_input(main):
 # ----------------------------------------------------------------------------- saved configs
 
 # Fields that change neither the policy nor the held-out set: an evaluation may override them.
-EVAL_ONLY = ("train.eval_samples", "train.eval_prompts", "sampler.num_pages", "sampler.attention",
+EVAL_ONLY = ("train.eval_samples", "train.eval_prompts", "train.eval_chunk", "sampler.num_pages",
+             "sampler.attention",
              "sampler.max_shared_pages", "sampler.data_shards", "logging.", "mesh.", "checkpoint.")
 
 

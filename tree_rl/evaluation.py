@@ -2,7 +2,7 @@
 
 Metrics: greedy success, sampled success (mean over `train.eval_samples` episodes per prompt),
 pass@k as `eval/pass_at_k` (any of the k sampled episodes succeeds), mean turns, generated tokens
-and, where the env has tools, tool calls per episode. Prompts run in fixed-size chunks (the last one padded); each turn decodes and prefills only
+and, where the env has tools, tool calls per episode. Prompts run in chunks of `train.eval_chunk` (default all in one rollout per mode; the last one padded); each turn decodes and prefills only
 the live episodes (the engine's power-of-two buckets), and the same weights and key give the
 same numbers. The evaluator runs on the caller's sampler
 cache (bound to the weights to evaluate), so training and evaluation share one cache shape and
@@ -23,8 +23,6 @@ from tree_rl.rollout.driver import run
 from tree_rl.rollout.engine import Layout
 from tree_rl.rollout.tree import gather
 
-EVAL_CHUNK = 32  # prompts per evaluation rollout
-
 
 class Evaluator:
 
@@ -37,7 +35,8 @@ class Evaluator:
     # a chunk splits over the processes and each process's data shards (padding prompts are
     # not counted); process i evaluates its share of every chunk, and the results are gathered
     split = shards * hosts.count()
-    self.chunk = -(-min(EVAL_CHUNK, self.num_prompts) // split) * split
+    want = int(config.train.eval_chunk) or self.num_prompts   # 0: one rollout per mode
+    self.chunk = -(-min(want, self.num_prompts) // split) * split
     self.local = self.chunk // hosts.count()
     self.k = int(config.train.eval_samples)
     self.has_tools = bool(env.has_tools)

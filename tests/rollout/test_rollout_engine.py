@@ -406,3 +406,35 @@ def test_gigpo_on_a_tree_rollout_anchors_each_turn_at_its_parents_state():
     cfg.learner.packed = packed
     (batch,) = learner_batches(cfg, out)
     assert isinstance(batch, kind)
+
+
+def test_observation_prefill_runs_only_the_branches_that_go_on(monkeypatch):
+  """With live-row buckets an observation prefill runs a power of two of the rows that go on
+  (not every decoded row), none after the last turn, and builds the same tree."""
+  from tree_rl import sampling
+  from tree_rl.buckets import pow2_bucket
+  env, model, _, states, box = setup()
+  eng = Engine(env, TOK, max_turns=3, max_tokens_per_turn=6, attention="reference",
+               row_buckets="pow2")
+  calls, real = [], sampling.prefill
+
+  def spy(cache, slots, tokens, lengths, valid=None, **kw):
+    calls.append((tokens.shape[0], tokens.shape[0] if valid is None else int(np.sum(valid))))
+    return real(cache, slots, tokens, lengths, valid, **kw)
+
+  monkeypatch.setattr(sampling, "prefill", spy)
+  turns, advance = [], eng.advance
+
+  def count(rs, *a, **kw):
+    rs, children = advance(rs, *a, **kw)
+    turns.append(int(np.sum(np.asarray(children) >= 0)))
+    return rs, children
+
+  monkeypatch.setattr(eng, "advance", count)
+  policy = methods.get("tree_grpo")(rollout_config().rollout)
+  out, box[0] = run(eng, policy, box[0], states, jax.random.key(0), capacity=CAPACITY)
+  # the prompts, then one per turn that leaves a branch going on: fewer than the decoded turns
+  assert 2 <= len(calls) < 1 + sum(t > 0 for t in turns), (calls, turns)
+  assert all(n >= 1 and rows == pow2_bucket(n) for rows, n in calls), calls
+  shared, _ = cached("tree_grpo")
+  np.testing.assert_array_equal(jax.device_get(out.tree.tokens), shared.tree.tokens)

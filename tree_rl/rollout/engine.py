@@ -88,6 +88,24 @@ def shard_width(mask: jax.Array, shards: int, full: int, bucketed: bool) -> int:
   return shards * pow2_bucket(busiest, 1, full // shards)
 
 
+def _obs_sizes(obs_len, need_obs, shards: int) -> jax.Array:
+  """[longest observation to prefill, most rows that go on in one data shard] (one host read)."""
+  busiest = jnp.max(jnp.sum(need_obs.reshape(shards, -1), axis=1))
+  return jnp.stack([jnp.max(jnp.where(need_obs, obs_len, 0)), busiest]).astype(jnp.int32)
+
+
+def _obs_rows(slots, prompts, obs, obs_len, need_obs, shards: int, width: int, tokens: int):
+  """The prefill rows of a turn's observations: the `width` rows (grouped by shard) of the
+  branches that go on, each observation cut to `tokens`; -> slots, prompts, tokens, lengths,
+  valid."""
+  if width == obs.shape[0]:
+    rows, ok = jnp.arange(width), need_obs
+  else:
+    idx = shard_rows(need_obs, shards, width)
+    rows, ok = jnp.maximum(idx, 0), idx >= 0
+  return slots[rows], prompts[rows], obs[rows, :tokens], jnp.maximum(obs_len[rows], 1), ok
+
+
 class RolloutError(RuntimeError):
   """The sampler could not hold the rollout (page pool or sequence capacity)."""
 
@@ -169,6 +187,8 @@ class Engine:
     self._charge_jit = jax.jit(self._charge_prefill, donate_argnums=(0,))
     self._context_jit = jax.jit(self._contexts)
     self._keys_jit = jax.jit(node_keys)
+    self._obs_sizes_jit = jax.jit(_obs_sizes, static_argnums=(2,))
+    self._obs_rows_jit = jax.jit(_obs_rows, static_argnums=(5, 6, 7))
 
   # ------------------------------------------------------------------ sizes
   def max_context(self) -> int:
@@ -402,11 +422,18 @@ class Engine:
     k_env = jax.random.fold_in(key, 1)
     tree, budget, obs, obs_len, need_obs, ended = self._commit_jit(
         rs.tree, rs.budget, plan, out.tokens, out.logprobs, out.lengths, k_env, out.entropy)
-    if self.obs_buckets:   # prefill only as wide as the longest observation
-      obs = obs[:, :pow2_bucket(int(jnp.max(obs_len)), 16, obs.shape[1])]
-    cache, pre = sampling.prefill(rs.cache, child_slots, obs, jnp.maximum(obs_len, 1), need_obs)
-    self._check("prefill", pre.status, child_slots, need_obs)
-    budget = self._charge_jit(budget, plan.prompt, pre.computed, need_obs & (pre.status == sampling.Status.OK))
+    cache = rs.cache
+    longest, busiest = (int(x) for x in jax.device_get(self._obs_sizes_jit(obs_len, need_obs, rs.shards)))
+    if busiest > 0:   # some row goes on: prefill its observation (none after the last turn)
+      w = obs.shape[0]
+      if self.row_buckets != "full":   # only the rows that go on, grouped by shard
+        w = rs.shards * pow2_bucket(busiest, 1, w // rs.shards)
+      t = pow2_bucket(longest, 16, obs.shape[1]) if self.obs_buckets else obs.shape[1]
+      slots, prompts, toks, lens, go_on = self._obs_rows_jit(
+          child_slots, plan.prompt, obs, obs_len, need_obs, rs.shards, w, t)
+      cache, pre = sampling.prefill(cache, slots, toks, lens, go_on)
+      self._check("prefill", pre.status, slots, go_on)
+      budget = self._charge_jit(budget, prompts, pre.computed, go_on & (pre.status == sampling.Status.OK))
     peak = jnp.maximum(rs.peak_pages, jnp.max(sampling.pages_in_use(cache)))
     rs = dataclasses.replace(rs, cache=cache, tree=tree, budget=budget, peak_pages=peak,
                              turns=rs.turns + 1)
