@@ -94,6 +94,8 @@ def apply_smoke(c):
   c.sampler.num_pages = 1024
   c.sampler.kv_dtype = "float32"
   c.sampler.attention = "reference"  # fewest compiled shapes
+  if c.learner.row_tokens:   # fixed learner rows sized for 2 short turns
+    c.learner.row_tokens, c.learner.microbatch_rows = 512, 2
   c.train.num_steps = 2
   c.train.eval_every = 2
   c.train.eval_prompts = 2

@@ -46,7 +46,8 @@ def test_learner_micro_batches_in_the_loop_match_one_batch(tmp_path, data_dir):
   params = {}
   for n in (1, 3):
     config = smoke(frozenlake, "tree_random", data_dir, **{
-        "learner.microbatches": n, "learner.entropy_coef": 0.01, "train.num_steps": 1})
+        "learner.microbatches": n, "learner.row_tokens": 0, "learner.entropy_coef": 0.01,
+        "train.num_steps": 1})
     summary = train_and_evaluate(config, str(tmp_path / f"mb{n}"))
     assert summary["step"] == 1
     params[n] = checkpoint_params(str(tmp_path / f"mb{n}"), 1)
