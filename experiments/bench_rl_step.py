@@ -5,8 +5,9 @@
         --config.warmstart.steps=100
 
 Runs the config's warm start (deterministic for its seed), then 1 + --steps RL steps exactly as
-the training loop does (`train.rl_step`, the cache rebound after each update), then one
-evaluation. Every sampler and learner call is timed (each synchronised), so a steady step splits
+the training loop does (`train.rl_step`, the cache rebound after each update), then --evals
+evaluations (the first traces and builds, or loads, the evaluation's programs; the second shows
+the evaluation alone). --warm_cache keeps the warm start's weights between runs. Every sampler and learner call is timed (each synchronised), so a steady step splits
 into decode / prefill / env + turn boundary / reference log-probs / update / other. Counted:
 real vs executed tokens of the sampler (rows x loop steps of each decode, rows x width of each
 prefill) and of the learner (real root-to-leaf tokens vs rows x length), and the programs the
@@ -37,7 +38,8 @@ from tree_rl.config import exit_on_bad_input, parse_flags_or_exit
 _CACHE = compile_cache.define_flag()
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/frozenlake.py", "Experiment config file.")
 _STEPS = flags.DEFINE_integer("steps", 3, "Steady RL steps timed after the first (compiling) one.")
-_EVAL = flags.DEFINE_bool("eval", True, "Time one evaluation after the steps.")
+_EVAL = flags.DEFINE_integer("evals", 2, "Evaluations timed after the steps (the first builds the "
+                             "evaluation's programs in this process, later ones reuse them).")
 _OUT = flags.DEFINE_string("out", "", "Also write the JSON rows to this file.")
 _WARM = flags.DEFINE_string("warm_cache", "", "An .npz of the warm-start weights: read when it exists "
                             "(for the same config), else written after the warm start.")
@@ -263,13 +265,13 @@ def main(argv):
                      success=metrics.get("rollout/success_rate"),
                      trajectories=metrics.get("rollout/trajectories")))
     print(json.dumps(rows[-1]), flush=True)
-  eval_s = None
-  if _EVAL.value:
+  eval_s = []
+  for _ in range(_EVAL.value):
     compiles0 = meter.compiles
     t = time.perf_counter()
     _, cache = parts.evaluator(cache, train._eval_key(config))
-    eval_s = time.perf_counter() - t
-    rows.append(dict(kind="eval", wall_s=eval_s, compiles=meter.compiles - compiles0,
+    eval_s.append(time.perf_counter() - t)
+    rows.append(dict(kind="eval", wall_s=eval_s[-1], compiles=meter.compiles - compiles0,
                      prompts=parts.evaluator.num_prompts, samples=parts.evaluator.k))
     print(json.dumps(rows[-1]), flush=True)
   steady = [r for r in rows if r["kind"] == "step" and r["step"] > 0] or rows[:1]
@@ -280,7 +282,8 @@ def main(argv):
                  jax=jax.__version__, host=platform.node(), cache_dir=cache_dir,
                  matmul_gflop_per_s=rates / 1e9, warm_start_s=warm_s, step_s=mean("wall_s"),
                  cpu_s=mean("cpu_s"), floor_s=mean("floor_s"), floor_ratio=mean("floor_ratio"),
-                 eval_s=eval_s, compiles_step1=rows[0]["compiles"],
+                 eval_s=eval_s[-1] if eval_s else None, eval_first_s=eval_s[0] if eval_s else None,
+                 compiles_step1=rows[0]["compiles"],
                  compiles_after_step1=sum(r["compiles"] for r in rows[1:] if r["kind"] == "step"),
                  compiles_total=meter.compiles, compile_s_total=meter.compile_s)
   print()
@@ -292,7 +295,7 @@ def main(argv):
     print(f"{k:<28}{w:>9.3f}   {ratio}")
   print(f"step {summary['step_s']:.2f} s (cpu {summary['cpu_s']:.2f} s), floor "
         f"{summary['floor_s']:.3f} s ({summary['matmul_gflop_per_s']:.0f} GFLOP/s matmul): "
-        f"{summary['floor_ratio']:.1f}x; eval {eval_s if eval_s is None else round(eval_s, 2)} s; "
+        f"{summary['floor_ratio']:.1f}x; eval {[round(e, 2) for e in eval_s]} s; "
         f"compiles step 1 {summary['compiles_step1']}, after {summary['compiles_after_step1']}")
   if _OUT.value:
     with open(_OUT.value, "w") as f:

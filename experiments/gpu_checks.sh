@@ -33,8 +33,8 @@ timeout "${LEARNER_S:-220}" $PY -m experiments.bench_learner --model=qwen25_05b 
 
 echo "== RL step of the main job's config (tiny model; the warm start cut to 100 SFT steps)"
 timeout "${RLSTEP_S:-240}" $PY -m experiments.bench_rl_step --steps=3 \
-  --config.warmstart.steps=100 --config.sampler.attention=auto \
-  --out="$OUT/rl_step.json" 2>&1 | grep -v "^W\|^I" | tail -14
+  --config.warmstart.steps=100 --config.sampler.attention=auto --config.sampler.kv_dtype=bfloat16 \
+  --evals=1 --out="$OUT/rl_step.json" 2>&1 | grep -v "^W\|^I" | tail -14
 
 # Not run on the one-GPU machine (it needs several devices or hosts); ready for an 8-GPU host:
 #   python -m experiments.train --config=configs/frozenlake.py:algo=patr,model=hf,hf_path=CKPT \

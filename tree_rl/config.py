@@ -353,6 +353,7 @@ def eval_config(workdir: str, given=None, *, overrides=None) -> ml_collections.C
   bad = [k for k in fields if not _eval_only(k)]
   if bad:
     shown = ", ".join(f"{k}={flat_given.get(k)!r} (run: {flat_saved.get(k)!r})" for k in bad[:8])
+    shown += f" and {len(bad) - 8} more" if len(bad) > 8 else ""
     raise ValueError(f"the given config differs from {path} in fields that change the policy or "
                      f"the evaluation set: {shown}; evaluate with the run's own config (omit "
                      f"--config) and override only {', '.join(e + '*' if e.endswith('.') else e for e in EVAL_ONLY)}")

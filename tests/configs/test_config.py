@@ -188,6 +188,9 @@ def test_a_saved_config_round_trips_and_eval_overrides_are_limited_to_eval_field
   other.train.eval_samples = 7
   got = eval_config(str(tmp_path), other, overrides=["train.eval_samples"])
   assert differences(got, run) == ["train.eval_samples"] and got.train.eval_samples == 7
+  with pytest.raises(ValueError, match=r"learner\.advantage='grpo' \(run: 'tree_grpo'\).* and \d+ more"):
+    eval_config(str(tmp_path), other)
+  other = frozenlake.get_config("algo=patr,smoke")
   with pytest.raises(ValueError, match=r"rollout\.method='patr' \(run: 'tree_grpo'\)"):
     eval_config(str(tmp_path), other)
   with pytest.raises(FileNotFoundError, match="not a training run|config.json not found"):

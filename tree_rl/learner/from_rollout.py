@@ -201,8 +201,9 @@ def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
   process's share of each global batch (`TrainStep.shard_batch`).
 
   With `learner.row_tokens` > 0 each batch is instead a list of fixed-shape micro-batches
-  (`pack_microbatches`: [learner.microbatch_rows / processes, row_tokens] on each process,
-  as many as the most any process needs), one update summing their gradients."""
+  (`pack_microbatches`: [learner.microbatch_rows / processes, row_tokens] on each process, rows
+  rounded up to a multiple of the batch shards, as many as the most any process needs), one
+  update summing their gradients."""
   from tree_rl import hosts
   from tree_rl.learner.batches import batch_totals, global_totals
   procs = hosts.count()
@@ -217,7 +218,7 @@ def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
     if procs == 1 and not members:
       continue
     if int(config.learner.row_tokens):
-      batch = _fixed_microbatches(config, members, procs)
+      batch = _fixed_microbatches(config, members, procs, multiple)
     elif config.learner.packed:
       shape = hosts.agree_max({
           "seq": fine_bucket(max([len(t.tokens) for t in members] or [1]), 64),
@@ -243,14 +244,18 @@ def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
   return batches
 
 
-def _fixed_microbatches(config, members: list[TrainTree], procs: int) -> list:
+def _fixed_microbatches(config, members: list[TrainTree], procs: int, multiple: int) -> list:
+  """`pack_microbatches` of one minibatch on this process: learner.microbatch_rows / procs rows
+  (rounded up to a multiple of the batch shards each process feeds), as many micro-batches and
+  as wide key-block lists as the most any process needs."""
   from tree_rl import hosts
   from tree_rl.learner.batches import batch_totals, global_totals
   lcfg = config.learner
   kw = dict(aggregation=lcfg.aggregation, per_leaf=not lcfg.packed,
             block=int(lcfg.attention_block),
             totals=global_totals(members) if procs > 1 else batch_totals(members))
-  row_tokens, rows = int(lcfg.row_tokens), -(-int(lcfg.microbatch_rows) // procs)
+  rows = -(-int(lcfg.microbatch_rows) // procs)
+  row_tokens, rows = int(lcfg.row_tokens), -(-rows // multiple) * multiple
   out = pack_microbatches(members, row_tokens, rows, **kw)
   agreed = hosts.agree_max({"microbatches": len(out), "kv_blocks": out[0].kv_blocks.shape[2] if out else 1})
   if agreed["microbatches"] > len(out):   # another process needs more: pad with empty ones
