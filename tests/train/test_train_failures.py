@@ -59,6 +59,13 @@ def test_impossible_configs_fail_fast(tmp_path, data_dir):
   c = smoke(frozenlake, "patr", data_dir, **{"rollout.method": "beam"})
   with pytest.raises(ConfigError, match="beam"):
     build_parts(c)
+  c = smoke(frozenlake, "patr", data_dir, **{"learner.row_tokens": 256})
+  with pytest.raises(ConfigError, match=r"learner.row_tokens=256 is shorter than the longest "
+                                        r"trajectory this rollout can make \(443 tokens"):
+    build_parts(c)
+  c = smoke(frozenlake, "patr", data_dir, **{"learner.microbatches": 2})
+  with pytest.raises(ConfigError, match=r"learner.microbatches=2 and learner.row_tokens=512"):
+    build_parts(c)
   assert not os.listdir(str(tmp_path))  # nothing was written
 
 
