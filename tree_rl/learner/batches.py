@@ -323,13 +323,25 @@ def pack_trees(trees: list[TrainTree], seq_len: int, max_nodes: int, *, aggregat
   if share_prompts:
     trees = merge_shared_roots(trees, seq_len, max_nodes)
   leaf_w = _leaf_weights(trees, aggregation, totals)
+  for i, t in enumerate(trees):
+    if len(t.tokens) > seq_len or t.num_nodes > max_nodes:
+      raise ValueError(f"pack_trees: tree {i} has {len(t.tokens)} tokens / {t.num_nodes} nodes; "
+                       f"seq_len={seq_len}, max_nodes={max_nodes}")
+  placed = _first_fit(trees, range(len(trees)), seq_len, max_nodes)
+  b = rows if rows is not None else len(placed)
+  if len(placed) > b:
+    raise ValueError(f"pack_trees: the trees need {len(placed)} rows > rows={b}")
+  arrays = _empty_rows(b, seq_len, max_nodes)
+  _fill_rows(arrays, placed, list(zip(trees, leaf_w)))
+  return _finish(arrays, seq_len, block, max_kv_blocks)
+
+
+def _first_fit(trees: list[TrainTree], order, seq_len: int, max_nodes: int) -> list[list[int]]:
+  """Indices of `trees` per row, each placed (in `order`) in the first row with room."""
   placed: list[list[int]] = []
   used: list[tuple[int, int]] = []
-  for i, t in enumerate(trees):
-    size, nodes = len(t.tokens), t.num_nodes
-    if size > seq_len or nodes > max_nodes:
-      raise ValueError(f"pack_trees: tree {i} has {size} tokens / {nodes} nodes; "
-                       f"seq_len={seq_len}, max_nodes={max_nodes}")
+  for i in order:
+    size, nodes = len(trees[i].tokens), trees[i].num_nodes
     for r, (tok, nod) in enumerate(used):
       if tok + size <= seq_len and nod + nodes <= max_nodes:
         placed[r].append(i)
@@ -338,16 +350,16 @@ def pack_trees(trees: list[TrainTree], seq_len: int, max_nodes: int, *, aggregat
     else:
       placed.append([i])
       used.append((size, nodes))
-  b = rows if rows is not None else len(placed)
-  if len(placed) > b:
-    raise ValueError(f"pack_trees: the trees need {len(placed)} rows > rows={b}")
-  arrays = _empty_rows(b, seq_len, max_nodes)
+  return placed
+
+
+def _fill_rows(arrays: dict, placed: list[list[int]], items: list[tuple[TrainTree, dict]]):
+  """Write items[i] (tree, leaf weights) for every i of row r of `placed` into row r."""
   for r, members in enumerate(placed):
-    cursor, node_base = 0, 0
+    cursor = node_base = 0
     for i in members:
-      cursor = _fill_tree(arrays, r, cursor, node_base, trees[i], leaf_w[i])
-      node_base += trees[i].num_nodes
-  return _finish(arrays, seq_len, block, max_kv_blocks)
+      cursor = _fill_tree(arrays, r, cursor, node_base, *items[i])
+      node_base += items[i][0].num_nodes
 
 
 def subtree(tree: TrainTree, leaves) -> tuple[TrainTree, dict[int, int]]:
@@ -438,28 +450,13 @@ def pack_microbatches(trees: list[TrainTree], row_tokens: int, rows: int, *,
   pieces = [p for t, w in zip(trees, leaf_w) if w
             for p in _pieces(t, w, row_tokens, max_nodes, per_leaf)]
   order = sorted(range(len(pieces)), key=lambda i: -len(pieces[i][0].tokens))
-  placed: list[list[int]] = []
-  used: list[list[int]] = []
-  for i in order:
-    size, nodes = len(pieces[i][0].tokens), pieces[i][0].num_nodes
-    for r, (tok, nod) in enumerate(used):
-      if tok + size <= row_tokens and nod + nodes <= max_nodes:
-        placed[r].append(i)
-        used[r] = [tok + size, nod + nodes]
-        break
-    else:
-      placed.append([i])
-      used.append([size, nodes])
+  placed = _first_fit([p for p, _ in pieces], order, row_tokens, max_nodes)
   count = max(-(-len(placed) // rows), int(min_batches))
   placed += [[] for _ in range(count * rows - len(placed))]
   out = []
   for b in range(count):
     arrays = _empty_rows(rows, row_tokens, max_nodes)
-    for r, members in enumerate(placed[b * rows:(b + 1) * rows]):
-      cursor = node_base = 0
-      for i in members:
-        cursor = _fill_tree(arrays, r, cursor, node_base, *pieces[i])
-        node_base += pieces[i][0].num_nodes
+    _fill_rows(arrays, placed[b * rows:(b + 1) * rows], pieces)
     out.append(_finish(arrays, row_tokens, block, max_kv_blocks))
   return with_kv_width(out, max(mb.kv_blocks.shape[2] for mb in out)) if out else out
 
