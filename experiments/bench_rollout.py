@@ -36,7 +36,8 @@ _BASELINE = flags.DEFINE_list("baseline_methods", ["tree_grpo"],
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed rollouts (different seeds) after the warm-up.")
 _WARMUP = flags.DEFINE_integer("warmup", 1, "Untimed rollouts first (compilation of the shapes seen).")
 _ROWS = flags.DEFINE_enum("row_buckets", "pow2", ["pow2", "full"], "Decode batch: power-of-two buckets or all slots.")
-_OBS_BUCKETS = flags.DEFINE_bool("obs_buckets", True, "Prefill observations only as wide as the longest.")
+_OBS_CHUNK = flags.DEFINE_integer("obs_chunk", 64, "Observation tokens prefilled per call "
+                                  "(0: the whole observation capacity in one call).")
 _PAGES = flags.DEFINE_integer("num_pages", 4096, "KV pages in the pool.")
 _PAGE = flags.DEFINE_integer("page_size", 16, "Tokens per page.")
 _ATTN = flags.DEFINE_enum("attention", "auto", ["auto", "cascade", "reference"], "Paged attention.")
@@ -101,7 +102,7 @@ def main(_):
     scorer = rbuild.make_scorer(c, method, env=env, tokenizer=tok, policy_model=model)
     for share in ([True, False] if name in _BASELINE.value else [True]):
       engine = rbuild.make_engine(c, env, tok, share_prefix=share, row_buckets=_ROWS.value,
-                                  obs_buckets=_OBS_BUCKETS.value, entropy_tokens=method.entropy_tokens)
+                                  obs_chunk=_OBS_CHUNK.value, entropy_tokens=method.entropy_tokens)
       layout = Layout(_PROMPTS.value, method.capacity(engine.max_turns), method.slots, method.num_trees)
       key = (layout.capacity, layout.slots)
       if key not in caches:

@@ -24,6 +24,11 @@ from tree_rl.rollout.engine import Layout
 from tree_rl.rollout.tree import gather
 
 
+@jax.jit
+def _take(states, idx):
+  return jax.tree.map(lambda x: x[idx], states)
+
+
 class Evaluator:
 
   def __init__(self, config, env, states, tokenizer, shards: int = 1):
@@ -66,7 +71,7 @@ class Evaluator:
       bar.update(1)
       mine = lo + hosts.index() * self.local + np.arange(self.local)
       idx = np.minimum(mine, self.num_prompts - 1)
-      states = jax.tree.map(lambda x: x[idx], self.states)
+      states = _take(self.states, idx)
       # one key for every chunk: each node's keys fold in its prompt's id, so the numbers do
       # not depend on how the held-out set is chunked over processes and shards
       out, cache = run(engine, method, cache, states, key,

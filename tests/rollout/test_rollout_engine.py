@@ -348,7 +348,7 @@ def test_engine_steps_trace_once_per_shape():
                row_buckets="full")
   chex.clear_trace_counter()
   eng._commit_jit = jax.jit(chex.assert_max_traces(eng._commit, n=1), donate_argnums=(0, 1))
-  eng._plan_jit = jax.jit(chex.assert_max_traces(eng._plan, n=1), static_argnums=(2, 3))
+  eng._plan_jit = jax.jit(chex.assert_max_traces(eng._plan, n=1), static_argnums=(4, 5, 6, 7, 8, 9))
   policy = methods.get("chain")(rollout_config().rollout)
   for seed in range(2):   # 3 turns x 2 rollouts, one trace each
     out, box[0] = run(eng, policy, box[0], states, jax.random.key(seed), capacity=CAPACITY)
@@ -409,8 +409,9 @@ def test_gigpo_on_a_tree_rollout_anchors_each_turn_at_its_parents_state():
 
 
 def test_observation_prefill_runs_only_the_branches_that_go_on(monkeypatch):
-  """With live-row buckets an observation prefill runs a power of two of the rows that go on
-  (not every decoded row), none after the last turn, and builds the same tree."""
+  """With live-row buckets an observation prefill runs on the turn's decode rows (a power of
+  two of the branches decoded, so it shares their shape) with only the branches that go on
+  valid, none after the last turn, and builds the same tree."""
   from tree_rl import sampling
   from tree_rl.buckets import pow2_bucket
   env, model, _, states, box = setup()
@@ -426,15 +427,21 @@ def test_observation_prefill_runs_only_the_branches_that_go_on(monkeypatch):
   turns, advance = [], eng.advance
 
   def count(rs, *a, **kw):
+    n = len(calls)
     rs, children = advance(rs, *a, **kw)
-    turns.append(int(np.sum(np.asarray(children) >= 0)))
+    decoded = int(np.sum(np.asarray(children) >= 0))
+    turns.append(decoded)
+    paired.extend((call, decoded) for call in calls[n:])   # the turn's observation prefill
     return rs, children
+  paired = []
 
   monkeypatch.setattr(eng, "advance", count)
   policy = methods.get("tree_grpo")(rollout_config().rollout)
   out, box[0] = run(eng, policy, box[0], states, jax.random.key(0), capacity=CAPACITY)
   # the prompts, then one per turn that leaves a branch going on: fewer than the decoded turns
   assert 2 <= len(calls) < 1 + sum(t > 0 for t in turns), (calls, turns)
-  assert all(n >= 1 and rows == pow2_bucket(n) for rows, n in calls), calls
+  assert calls[0] == (P, P) and len(paired) == len(calls) - 1, (calls, turns)
+  assert all(1 <= n <= t and rows == pow2_bucket(t) for (rows, n), t in paired), paired
+  assert any(n < t for (_, n), t in paired), f"no branch ended before the last turn: {paired}"
   shared, _ = cached("tree_grpo")
   np.testing.assert_array_equal(jax.device_get(out.tree.tokens), shared.tree.tokens)

@@ -59,6 +59,7 @@ def _admit(tree, budget, frontier, parents, limit, unit, costs: CostModel):
 def _boundary(method: RolloutMethod, tree, budget, frontier, pstate, scores, key, limit, unit,
               costs):
   go = alive(tree, frontier)
+  scores = None if scores is None else scores.reshape(frontier.shape)
   parents, pstate, pruned = method.next(tree, frontier, pstate, scores, key)
   parents = _admit(tree, budget, frontier, parents, limit, unit, costs)
   continued = jnp.any(frontier[:, :, None] == jnp.where(parents >= 0, parents, -2)[:, None, :], axis=2)
@@ -78,7 +79,7 @@ def _boundary(method: RolloutMethod, tree, budget, frontier, pstate, scores, key
     requested = jnp.zeros(tree.used.shape, bool).at[
         p_idx, jnp.where(parents >= 0, parents, tree.capacity)].set(True, mode="drop")
     release = release | ~requested
-  return parents, pstate, tree, budget, release
+  return parents, pstate, tree, budget, release, jnp.any(parents >= 0)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 4, 5))
@@ -89,8 +90,14 @@ def _first(method: RolloutMethod, tree, budget, limit, unit, costs):
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
-def _score_input(tree, nodes, max_len, max_depth):
+def _score_input(tree, frontier, max_len, max_depth):
+  nodes = jnp.where(alive(tree, frontier), frontier, -1)
   return scorer_lib.score_input(tree, nodes, max_len, max_depth)
+
+
+@jax.jit
+def _turn_keys(key, turn):
+  return jax.random.split(jax.random.fold_in(key, turn), 3)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
@@ -142,18 +149,17 @@ def run(engine: Engine, method: RolloutMethod, cache, env_states, key, *, prompt
   parents, pstate = _first(method, rs.tree, rs.budget, limit, budget_unit, costs)
   max_len = engine.max_context()
   while True:
-    k_turn, k_score, k_route = jax.random.split(jax.random.fold_in(key, rs.turns), 3)
+    k_turn, k_score, k_route = _turn_keys(key, rs.turns)
     rs, frontier = engine.advance(rs, parents, k_turn, keep_parents=method.keep_contexts,
                                   keep_roots=limit > 0)
     scores = None
     if method.score_every and rs.turns % method.score_every == 0:
-      nodes = jnp.where(alive(rs.tree, frontier), frontier, -1)
-      inp = _score_input(rs.tree, nodes, max_len, engine.max_turns)
-      scores = scorer(scorer.weights_for(rs.cache.params), inp, k_score).reshape(frontier.shape)
-    parents, pstate, tree, bud, release = _boundary(method, rs.tree, rs.budget, frontier, pstate,
-                                                    scores, k_route, limit, budget_unit, costs)
+      inp = _score_input(rs.tree, frontier, max_len, engine.max_turns)
+      scores = scorer(scorer.weights_for(rs.cache.params), inp, k_score)
+    parents, pstate, tree, bud, release, more = _boundary(
+        method, rs.tree, rs.budget, frontier, pstate, scores, k_route, limit, budget_unit, costs)
     rs = engine.release(dataclasses.replace(rs, tree=tree, budget=bud), release)
-    if not bool(jnp.any(parents >= 0)):
+    if not bool(more):
       break
   rs = engine.release(rs, rs.live)
   ids, valid, reward, tid = _finish(method, rs.tree, jax.random.fold_in(key, 2**31 - 1), method.max_leaves())
@@ -169,12 +175,11 @@ def statistics(rs: RolloutState, ids, valid, reward, unit: str = "generated",
   (mean spent per prompt in `unit`) and `cost_per_prompt/<unit>` in every unit; `budget_cut`:
   leaves stopped before `max_turns` that neither finished nor were pruned (the budget cap never
   cuts a branch, so 0 unless a method stops branches itself)."""
-  tree = rs.tree
-  v = np.asarray(valid)
-  depth = np.asarray(gather(tree.depth, ids))
-  r = np.asarray(reward)
+  tree = jax.device_get(rs.tree.replace(tokens=None, logprobs=None, env_state=None))
+  v, ids, r = np.asarray(valid), np.asarray(ids), np.asarray(reward)
+  depth = np.take_along_axis(tree.depth, np.maximum(ids, 0), axis=1)
   n = max(int(v.sum()), 1)
-  b = {k: np.asarray(x) for k, x in rs.budget.as_dict().items()}
+  b = {k: np.asarray(x) for k, x in jax.device_get(rs.budget.as_dict()).items()}
   out = {
       "trajectories": int(v.sum()),
       "success_rate": float((r[v] > 0).sum() / n),
@@ -189,8 +194,9 @@ def statistics(rs: RolloutState, ids, valid, reward, unit: str = "generated",
   for k, x in b.items():
     out[f"budget/{k}"] = int(x.sum())
   out["budget/no_sharing_prefilled"] = int(b["prefilled"].sum() + b["reused"].sum())
+  spent = jax.device_get(rs.budget).spent   # numpy counters: nothing compiled
   for u in UNITS:
-    out[f"cost_per_prompt/{u}"] = float(np.mean(np.asarray(rs.budget.spent(u))))
+    out[f"cost_per_prompt/{u}"] = float(np.mean(spent(u)))
   out["cost_per_prompt"] = out[f"cost_per_prompt/{unit}"]
   leaf = np.asarray(tree.is_leaf)
   cut = leaf & np.asarray(tree.truncated) & ~np.asarray(tree.finished) & ~np.asarray(tree.pruned)

@@ -67,6 +67,20 @@ def slot_ids(wp, nodes, layout: Layout, shards: int, seqs_per_shard: int) -> jax
           + jnp.maximum(nodes, 0)).astype(jnp.int32)
 
 
+def layout_slots(layout: Layout, shards: int, seqs_per_shard: int) -> np.ndarray:
+  """Slots [P, N] of every node of a layout (host arithmetic: nothing compiled)."""
+  per = layout.num_prompts // shards
+  p = np.arange(layout.num_prompts)[:, None]
+  return ((p // per) * seqs_per_shard + (p % per) * layout.capacity
+          + np.arange(layout.capacity)[None, :]).astype(np.int32)
+
+
+def busiest_shard(mask: jax.Array, shards: int) -> jax.Array:
+  """The most True entries of `mask` (any shape, [P, ...] split into `shards` equal blocks of
+  prompts) held by one data shard."""
+  return jnp.max(jnp.sum(mask.reshape(shards, -1), axis=1)).astype(jnp.int32)
+
+
 def shard_rows(mask: jax.Array, shards: int, width: int) -> jax.Array:
   """Indices [width] of the True entries of `mask` [M], compacted per data shard: the M
   entries form `shards` equal blocks and block d's entries fill rows [d*w, (d+1)*w) (w =
@@ -79,31 +93,21 @@ def shard_rows(mask: jax.Array, shards: int, width: int) -> jax.Array:
   return jnp.where(local >= 0, local + base, -1).reshape(-1).astype(jnp.int32)
 
 
-def shard_width(mask: jax.Array, shards: int, full: int, bucketed: bool) -> int:
-  """Rows for `mask`'s entries laid out by `shard_rows`: `full` unbucketed, else shards x a
-  power of two of the busiest shard's count (one small host read)."""
+def shard_width(busiest: int, shards: int, full: int, bucketed: bool) -> int:
+  """Rows for entries laid out by `shard_rows` when the busiest data shard holds `busiest`:
+  `full` unbucketed, else shards x a power of two of `busiest`."""
   if not bucketed:
     return full
-  busiest = int(jnp.max(jnp.sum(mask.reshape(shards, -1), axis=1)))
   return shards * pow2_bucket(busiest, 1, full // shards)
 
 
-def _obs_sizes(obs_len, need_obs, shards: int) -> jax.Array:
-  """[longest observation to prefill, most rows that go on in one data shard] (one host read)."""
-  busiest = jnp.max(jnp.sum(need_obs.reshape(shards, -1), axis=1))
-  return jnp.stack([jnp.max(jnp.where(need_obs, obs_len, 0)), busiest]).astype(jnp.int32)
-
-
-def _obs_rows(slots, prompts, obs, obs_len, need_obs, shards: int, width: int, tokens: int):
-  """The prefill rows of a turn's observations: the `width` rows (grouped by shard) of the
-  branches that go on, each observation cut to `tokens`; -> slots, prompts, tokens, lengths,
-  valid."""
-  if width == obs.shape[0]:
-    rows, ok = jnp.arange(width), need_obs
-  else:
-    idx = shard_rows(need_obs, shards, width)
-    rows, ok = jnp.maximum(idx, 0), idx >= 0
-  return slots[rows], prompts[rows], obs[rows, :tokens], jnp.maximum(obs_len[rows], 1), ok
+def _obs_chunk(obs, obs_len, need_obs, start, tokens: int):
+  """Tokens [start, start + tokens) of a turn's observations (start traced: one program per
+  row count): tokens [W, tokens], lengths (at least 1), valid (rows with tokens there)."""
+  obs = jnp.pad(obs, ((0, 0), (0, tokens)))
+  chunk = jax.lax.dynamic_slice_in_dim(obs, start, tokens, axis=1)
+  lens = jnp.clip(obs_len - start, 0, tokens)
+  return chunk, jnp.maximum(lens, 1), need_obs & (lens > 0)
 
 
 class RolloutError(RuntimeError):
@@ -143,8 +147,12 @@ class Engine:
   tokenizer: the policy's tokenizer (stop ids). Sampling: max_tokens_per_turn, temperature,
   top_k, top_p; attention: the sampler's paged attention (auto | cascade | reference).
   row_buckets: 'pow2' decodes only the live branches, padded to a power of two (few shapes),
-  'full' always decodes every slot (one shape). obs_buckets: prefill observations only as wide
-  as the longest one (power-of-two buckets). share_prefix=False is the no-sharing baseline: a
+  'full' always decodes every slot (one shape); an observation is prefilled on the rows of its
+  turn's decode (only the branches that go on valid), so both share one row count.
+  obs_chunk: observations are prefilled `obs_chunk` tokens per call, as many calls as the turn's
+  longest observation needs (a row pads less than one chunk; one program per row count, never
+  one per observation length); 0 prefills the whole observation capacity in one call.
+  share_prefix=False is the no-sharing baseline: a
   new branch re-encodes its whole root..parent context instead of forking the parent's pages.
   entropy_tokens=k > 0 has the sampler report the entropy of each reply's first k tokens and
   stores their mean in `Tree.entropy` (a method that branches on it, e.g. `arpo`); 0 computes
@@ -154,7 +162,7 @@ class Engine:
   def __init__(self, env, tokenizer, *, max_turns: int, max_tokens_per_turn: int,
                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                env_params=None, attention: str = "auto", max_shared_pages: int = 256,
-               row_buckets: str = "pow2", share_prefix: bool = True, obs_buckets: bool = True,
+               row_buckets: str = "pow2", share_prefix: bool = True, obs_chunk: int = 64,
                entropy_tokens: int = 0):
     check_turn_limits(max_turns, max_tokens_per_turn)
     self.env = env
@@ -169,7 +177,9 @@ class Engine:
       raise ValueError(f"row_buckets must be 'pow2' or 'full', got {row_buckets!r}")
     self.row_buckets = row_buckets
     self.share_prefix = bool(share_prefix)
-    self.obs_buckets = bool(obs_buckets)
+    if int(obs_chunk) < 0:
+      raise ValueError(f"obs_chunk must be >= 0 (0: the whole observation at once), got {obs_chunk}")
+    self.obs_chunk = int(obs_chunk)
     if int(entropy_tokens) < 0:
       raise ValueError(f"entropy_tokens must be >= 0 (0: no entropy), got {entropy_tokens}")
     self.entropy_tokens = int(entropy_tokens)
@@ -181,14 +191,23 @@ class Engine:
     otok, _ = jax.eval_shape(lambda s: env.observation_tokens(s, True, self.env_params), state)
     self.prompt_capacity, self.obs_capacity = ptok.shape[0], otok.shape[0]
     self.node_tokens = max(self.prompt_capacity, self.max_new + self.obs_capacity)
+    # Every array operation between sampler calls is one of these jitted pieces (an eager op
+    # would compile a program of its own for every shape it meets).
     self._init_jit = jax.jit(self._init_tree, static_argnums=(2,))
-    self._plan_jit = jax.jit(self._plan, static_argnums=(2, 3))
+    self._roots_jit = jax.jit(self._roots, static_argnums=(4, 5))
+    self._busiest_jit = jax.jit(busiest_shard, static_argnums=(1,))
+    self._plan_jit = jax.jit(self._plan, static_argnums=(4, 5, 6, 7, 8, 9))
     self._commit_jit = jax.jit(self._commit, donate_argnums=(0, 1))
     self._charge_jit = jax.jit(self._charge_prefill, donate_argnums=(0,))
     self._context_jit = jax.jit(self._contexts)
-    self._keys_jit = jax.jit(node_keys)
-    self._obs_sizes_jit = jax.jit(_obs_sizes, static_argnums=(2,))
-    self._obs_rows_jit = jax.jit(_obs_rows, static_argnums=(5, 6, 7))
+    self._obs_chunk_jit = jax.jit(_obs_chunk, static_argnums=(4,))
+    self._release_jit = jax.jit(lambda live, mask: ((mask & live).reshape(-1), live & ~mask))
+    self._peak_jit = jax.jit(lambda peak, num_free, pages: jnp.maximum(peak, jnp.max(pages - num_free)),
+                             static_argnums=(2,))
+    self._fork_rows_jit = jax.jit(self._fork_rows, static_argnums=(1, 2))
+    self._repeat_jit = jax.jit(lambda toks, lens, m: (jnp.repeat(toks, m, axis=0), jnp.repeat(lens, m)),
+                               static_argnums=(2,))
+    self._slots = {}   # (layout, shards, seqs) -> device slots [P * N] of every node
 
   # ------------------------------------------------------------------ sizes
   def max_context(self) -> int:
@@ -223,9 +242,24 @@ class Engine:
         size=jnp.full((p,), m, jnp.int32))
     return tree, toks, lens
 
-  def _plan(self, tree, parents, width: int, shards: int):
+  def _roots(self, computed, lens, computed_more, num_free, layout: Layout, pages: int):
+    """Budget, live slots and peak pages after `start` prefilled the prompts (computed [P]) and
+    forked (or, computed_more [P * (M-1)], re-encoded) them into the other roots."""
+    p, m = layout.num_prompts, layout.num_trees
+    budget = Budget.zeros(p).add(prefilled=computed)
+    live = jnp.zeros((p, layout.capacity), bool).at[:, :m].set(True)
+    if m > 1:
+      more = (m - 1) * lens if computed_more is None else computed_more.reshape(p, m - 1).sum(1)
+      budget = budget.add(forks=jnp.full((p,), m - 1),
+                          **{"reused" if computed_more is None else "prefilled": more})
+    return budget, live, jnp.max(pages - num_free)
+
+  def _plan(self, tree, live, parents, key, width: int, layout: Layout, shards: int, seqs: int,
+            drop_parents: bool, keep_roots: bool):
     """Compact the [P, S] parent requests into `width` rows (grouped by data shard,
-    `shard_rows`) and allocate child nodes."""
+    `shard_rows`), allocate child nodes, and name their sampler slots and keys. drop_parents:
+    the parents' slots (but the roots' with keep_roots) are released after the decode
+    (returned as a [P, N] mask)."""
     mask = parents >= 0
     children, overflow = tree_lib.allocate(tree, mask)
     had = tree_lib.gather(tree.num_children, parents) > 0
@@ -238,12 +272,22 @@ class Engine:
     take = lambda x: jnp.where(valid, x.reshape(-1)[f], -1)  # noqa: E731
     plan = TurnPlan(prompt=jnp.where(valid, wp, 0), parent=take(parents), child=take(children),
                     valid=valid, fork=valid & is_fork.reshape(-1)[f])
-    return plan, children, jnp.any(overflow)
+    at = lambda nodes: slot_ids(plan.prompt, nodes, layout, shards, seqs)  # noqa: E731
+    p_idx = jnp.arange(layout.num_prompts)[:, None]
+    live = live.at[p_idx, jnp.where(children >= 0, children, layout.capacity)].set(True, mode="drop")
+    drop = jnp.zeros_like(live)
+    if drop_parents:
+      gone = mask & ~(keep_roots & (parents < layout.num_trees))
+      drop = drop.at[p_idx, jnp.where(gone, parents, layout.capacity)].set(True, mode="drop")
+    keys = node_keys(key, tree.prompt_id[plan.prompt], plan.child)
+    return plan, children, jnp.any(overflow), at(plan.parent), at(plan.child), keys, live, drop
 
   def _commit(self, tree, budget, plan: TurnPlan, out_tokens, out_logprobs, out_lengths, key,
               out_entropy=None):
-    """Step the env for every decoded turn and write the child nodes (one jitted call).
-    out_entropy [W, max_new] (0 after the first entropy_tokens and after the length) or None."""
+    """Step the env for every decoded turn and write the child nodes (one jitted call); the
+    env's keys derive from fold_in(key, 1). out_entropy [W, max_new] (0 after the first
+    entropy_tokens and after the length) or None."""
+    key = jax.random.fold_in(key, 1)
     wp, wpar, wchild, valid = plan.prompt, plan.parent, plan.child, plan.valid
     w = wp.shape[0]
     nparent = jnp.maximum(wpar, 0)
@@ -306,21 +350,35 @@ class Engine:
                         tool_calls=seg(tool), forks=seg(forks.astype(jnp.int32)),
                         reused=seg(jnp.where(forks & self.share_prefix, tree.ctx_len[wp, nparent], 0)))
     ended = valid & (done | trunc)
-    return tree, budget, obs, obs_len, need_obs, ended
+    ended_mask = jnp.zeros(tree.used.shape, bool).at[wp, jnp.where(ended, wchild, tree.capacity)].set(
+        True, mode="drop")
+    sizes = jnp.stack([jnp.max(obs_len), jnp.sum(need_obs)]).astype(jnp.int32)
+    return tree, budget, obs, obs_len, need_obs, ended_mask, sizes
 
-  def _contexts(self, tree, wp, nodes):
-    """Root..node tokens of rows (wp, nodes) [W]: what the no-sharing baseline re-encodes."""
+  def _contexts(self, tree, plan: TurnPlan, child_slots, rows):
+    """Root..parent tokens of plan rows `rows`: what the no-sharing baseline re-encodes into
+    their child slots; -> prompts, slots, tokens, lengths (at least 1)."""
     from tree_rl.rollout.sequences import path_sequences
+    wp, nodes = plan.prompt[rows], plan.parent[rows]
     ids = jnp.full((tree.num_prompts, wp.shape[0]), -1, jnp.int32)
     ids = ids.at[wp, jnp.arange(wp.shape[0])].set(nodes)
     seqs = path_sequences(tree, ids, self.max_context(), self.max_turns)
-    rows = jnp.arange(wp.shape[0])
-    return seqs.tokens[wp, rows], seqs.lengths[wp, rows]
+    r = jnp.arange(wp.shape[0])
+    return wp, child_slots[rows], seqs.tokens[wp, r], jnp.maximum(seqs.lengths[wp, r], 1)
 
   @staticmethod
-  def _charge_prefill(budget, wp, computed, ok):
+  def _charge_prefill(budget, wp, computed, ok, status):
     p = budget.prefilled.shape[0]
+    ok = ok & (status == sampling.Status.OK)
     return budget.add(prefilled=jax.ops.segment_sum(jnp.where(ok, computed, 0), wp, num_segments=p))
+
+  @staticmethod
+  def _fork_rows(plan: TurnPlan, shards: int, width: int):
+    """The forked rows of a plan compacted into `width` rows (grouped by shard): rows, valid."""
+    if width == plan.fork.shape[0]:
+      return jnp.arange(width), plan.fork
+    idx = shard_rows(plan.fork, shards, width)
+    return jnp.maximum(idx, 0), idx >= 0
 
   # ------------------------------------------------------------------ host-level steps
   def _check(self, what: str, status, slots, valid):
@@ -333,12 +391,18 @@ class Engine:
           "raise config.sampler.num_pages (page pool) or lower config.rollout.max_turns / "
           "max_tokens_per_turn (sequence capacity)")
 
+  def _node_slots(self, layout: Layout, shards: int, seqs: int) -> jax.Array:
+    key = (layout, shards, seqs)
+    if key not in self._slots:
+      self._slots[key] = jnp.asarray(layout_slots(layout, shards, seqs).reshape(-1))
+    return self._slots[key]
+
   def start(self, cache, env_states, layout: Layout, prompt_ids=None) -> RolloutState:
     """Roots for every prompt's trees: the prompt prefilled once, forked to the other roots."""
     p, m = layout.num_prompts, layout.num_trees
     shards = cache.num_shards
     if prompt_ids is None:
-      prompt_ids = jnp.arange(p, dtype=jnp.int32)
+      prompt_ids = np.arange(p, dtype=np.int32)
     if p % shards:
       raise ValueError(f"{p} prompts do not split over the sampler cache's {shards} data shards: "
                        f"use a multiple of {shards} prompts")
@@ -347,36 +411,30 @@ class Engine:
                        f"rollout needs {(p // shards) * layout.capacity} (prompts per shard x node "
                        f"capacity): size it with rollout.capacity.new_cache")
     tree, toks, lens = self._init_jit(env_states, jnp.asarray(prompt_ids, jnp.int32), layout)
-    pidx = jnp.arange(p, dtype=jnp.int32)
-    at = lambda wp, nodes: slot_ids(wp, nodes, layout, shards, cache.spec.max_seqs)  # noqa: E731
-    slots0 = at(pidx, jnp.zeros_like(pidx))
+    slots = layout_slots(layout, shards, cache.spec.max_seqs)
+    slots0 = slots[:, 0]
+    chi = slots[:, 1:m].reshape(-1)                       # the other roots, prompt-major
     cache, pre = sampling.prefill(cache, slots0, toks, lens)
-    self._check("prefill", pre.status, slots0, jnp.ones((p,), bool))
-    budget = Budget.zeros(p).add(prefilled=pre.computed)
-    live = jnp.zeros((p, layout.capacity), bool).at[:, 0].set(True)
-    chi = at(jnp.repeat(pidx, m - 1), jnp.tile(jnp.arange(1, m), p))   # other roots, prompt-major
+    self._check("prefill", pre.status, slots0, np.ones((p,), bool))
+    more = None
     if m > 1 and not self.share_prefix:   # baseline: every tree re-encodes the prompt
-      cache, pre = sampling.prefill(cache, chi, jnp.repeat(toks, m - 1, axis=0), jnp.repeat(lens, m - 1))
-      self._check("prefill", pre.status, chi, jnp.ones(chi.shape, bool))
-      budget = budget.add(forks=jnp.full((p,), m - 1), prefilled=pre.computed.reshape(p, m - 1).sum(1))
-      live = live.at[:, :m].set(True)
+      toks_more, lens_more = self._repeat_jit(toks, lens, m - 1)
+      cache, pre_more = sampling.prefill(cache, chi, toks_more, lens_more)
+      self._check("prefill", pre_more.status, chi, np.ones(chi.shape, bool))
+      more = pre_more.computed
     elif m > 1:
-      par = jnp.repeat(slots0, m - 1)
-      cache, st = sampling.fork(cache, par, chi)
-      self._check("fork", st, chi, jnp.ones(chi.shape, bool))
-      budget = budget.add(forks=jnp.full((p,), m - 1), reused=(m - 1) * lens)
-      live = live.at[:, :m].set(True)
-    peak = jnp.max(sampling.pages_in_use(cache))
+      cache, st = sampling.fork(cache, np.repeat(slots0, m - 1), chi)
+      self._check("fork", st, chi, np.ones(chi.shape, bool))
+    budget, live, peak = self._roots_jit(pre.computed, lens, more, cache.state.num_free, layout,
+                                         cache.spec.num_pages)
     return RolloutState(cache=cache, tree=tree, budget=budget, live=live, peak_pages=peak,
                         layout=layout, shards=shards)
 
   def release(self, rs: RolloutState, mask: jax.Array) -> RolloutState:
     """Free the sampler slots of nodes `mask` [P, N] that still hold a sequence."""
-    mask = mask & rs.live
-    p, n = rs.layout.num_prompts, rs.layout.capacity
-    slots = rs.slots(jnp.repeat(jnp.arange(p), n), jnp.tile(jnp.arange(n), p))
-    cache = sampling.release(rs.cache, slots, mask.reshape(-1))
-    return dataclasses.replace(rs, cache=cache, live=rs.live & ~mask)
+    flat, live = self._release_jit(rs.live, mask)
+    slots = self._node_slots(rs.layout, rs.shards, rs.cache.spec.max_seqs)
+    return dataclasses.replace(rs, cache=sampling.release(rs.cache, slots, flat), live=live)
 
   def advance(self, rs: RolloutState, parents: jax.Array, key: jax.Array, *,
               keep_parents: bool, keep_roots: bool = False) -> tuple[RolloutState, jax.Array]:
@@ -385,25 +443,22 @@ class Engine:
     budget-capped chain starts chains later). Returns (state, children [P, S] local node ids,
     -1 where none)."""
     layout = rs.layout
-    requests = (parents >= 0).reshape(-1)
-    if not bool(jnp.any(requests)):
-      return rs, jnp.full(parents.shape, -1, jnp.int32)
-    width = shard_width(requests, rs.shards, layout.num_prompts * layout.slots,
+    busiest = int(self._busiest_jit(parents >= 0, rs.shards))   # the turn's one host read
+    if busiest == 0:
+      return rs, parents   # every entry is -1: no child
+    width = shard_width(busiest, rs.shards, layout.num_prompts * layout.slots,
                         self.row_buckets != "full")
-    plan, children, overflow = self._plan_jit(rs.tree, parents, width, rs.shards)
+    seqs = rs.cache.spec.max_seqs
+    plan, children, overflow, par_slots, child_slots, row_keys, live, drop = self._plan_jit(
+        rs.tree, rs.live, parents, key, width, layout, rs.shards, seqs, not keep_parents, keep_roots)
     if bool(overflow):
       raise RolloutError("rollout tree node capacity exceeded (internal sizing error)")
-    par_slots = rs.slots(plan.prompt, plan.parent)
-    child_slots = rs.slots(plan.prompt, plan.child)
     if self.share_prefix:
       forked = plan.valid
       cache, fork_status = sampling.fork(rs.cache, par_slots, child_slots, forked)
       rs = dataclasses.replace(rs, cache=cache)
     else:
       rs, forked, fork_status = self._reencode_forks(rs, plan, par_slots, child_slots)
-    p_idx = jnp.arange(layout.num_prompts)[:, None]
-    live = rs.live.at[p_idx, jnp.where(children >= 0, children, layout.capacity)].set(True, mode="drop")
-    row_keys = self._keys_jit(key, rs.tree.prompt_id[plan.prompt], plan.child)
     cache, out = sampling.decode(rs.cache, child_slots, row_keys, max_new=self.max_new,
                                  stop_ids=self.stop_ids, temperature=self.temperature,
                                  top_k=self.top_k, top_p=self.top_p, valid=plan.valid,
@@ -415,32 +470,23 @@ class Engine:
       raise RolloutError(msg)
     rs = dataclasses.replace(rs, cache=cache, live=live)
     if not keep_parents:
-      drop = (parents >= 0) & ~(keep_roots & (parents < layout.num_trees))
-      parent_mask = jnp.zeros_like(live).at[p_idx, jnp.where(drop, parents, layout.capacity)].set(
-          True, mode="drop")
-      rs = self.release(rs, parent_mask)
-    k_env = jax.random.fold_in(key, 1)
-    tree, budget, obs, obs_len, need_obs, ended = self._commit_jit(
-        rs.tree, rs.budget, plan, out.tokens, out.logprobs, out.lengths, k_env, out.entropy)
+      rs = self.release(rs, drop)
+    tree, budget, obs, obs_len, need_obs, ended, sizes = self._commit_jit(
+        rs.tree, rs.budget, plan, out.tokens, out.logprobs, out.lengths, key, out.entropy)
     cache = rs.cache
-    longest, busiest = (int(x) for x in jax.device_get(self._obs_sizes_jit(obs_len, need_obs, rs.shards)))
-    if busiest > 0:   # some row goes on: prefill its observation (none after the last turn)
-      w = obs.shape[0]
-      if self.row_buckets != "full":   # only the rows that go on, grouped by shard
-        w = rs.shards * pow2_bucket(busiest, 1, w // rs.shards)
-      t = pow2_bucket(longest, 16, obs.shape[1]) if self.obs_buckets else obs.shape[1]
-      slots, prompts, toks, lens, go_on = self._obs_rows_jit(
-          child_slots, plan.prompt, obs, obs_len, need_obs, rs.shards, w, t)
-      cache, pre = sampling.prefill(cache, slots, toks, lens, go_on)
-      self._check("prefill", pre.status, slots, go_on)
-      budget = self._charge_jit(budget, prompts, pre.computed, go_on & (pre.status == sampling.Status.OK))
-    peak = jnp.maximum(rs.peak_pages, jnp.max(sampling.pages_in_use(cache)))
+    longest, going = (int(x) for x in jax.device_get(sizes))
+    chunk = self.obs_chunk or obs.shape[1]
+    # the observations of the branches that go on (none after the last turn), `chunk` tokens
+    # per call: as many calls as the longest one needs, one program per row count
+    for start in range(0, longest if going else 0, chunk):
+      toks, lens, ok = self._obs_chunk_jit(obs, obs_len, need_obs, start, chunk)
+      cache, pre = sampling.prefill(cache, child_slots, toks, lens, ok)
+      self._check("prefill", pre.status, child_slots, ok)
+      budget = self._charge_jit(budget, plan.prompt, pre.computed, ok, pre.status)
+    peak = self._peak_jit(rs.peak_pages, cache.state.num_free, cache.spec.num_pages)
     rs = dataclasses.replace(rs, cache=cache, tree=tree, budget=budget, peak_pages=peak,
                              turns=rs.turns + 1)
-    ended_mask = jnp.zeros_like(rs.live).at[plan.prompt, jnp.where(ended, plan.child, layout.capacity)].set(
-        True, mode="drop")
-    rs = self.release(rs, ended_mask)
-    return rs, children
+    return self.release(rs, ended), children
 
   def _reencode_forks(self, rs: RolloutState, plan: TurnPlan, par_slots, child_slots):
     """The no-sharing baseline: a continuation keeps its parent's cache, a new branch
@@ -448,15 +494,13 @@ class Engine:
     the rows forked, their fork status)."""
     cont = plan.valid & ~plan.fork
     cache, st = sampling.fork(rs.cache, par_slots, child_slots, cont)
-    if self.row_buckets == "full":
-      rows, fk = jnp.arange(plan.prompt.shape[0]), plan.fork
-    else:   # re-encode only the forked rows (grouped by shard as the plan's rows are)
-      width = shard_width(plan.fork, rs.shards, plan.prompt.shape[0], True)
-      idx = shard_rows(plan.fork, rs.shards, width)
-      rows, fk = jnp.maximum(idx, 0), idx >= 0
-    ctx, ctx_len = self._context_jit(rs.tree, plan.prompt[rows], plan.parent[rows])
-    cache, pre = sampling.prefill(cache, child_slots[rows], ctx, jnp.maximum(ctx_len, 1), fk)
-    self._check("prefill", pre.status, child_slots[rows], fk)
+    w = plan.prompt.shape[0]
+    busiest = 0 if self.row_buckets == "full" else int(self._busiest_jit(plan.fork, rs.shards))
+    width = shard_width(busiest, rs.shards, w, self.row_buckets != "full")
+    rows, fk = self._fork_rows_jit(plan, rs.shards, width)
+    wp, slots, ctx, ctx_len = self._context_jit(rs.tree, plan, child_slots, rows)
+    cache, pre = sampling.prefill(cache, slots, ctx, ctx_len, fk)
+    self._check("prefill", pre.status, slots, fk)
     rs = dataclasses.replace(rs, cache=cache,
-                             budget=self._charge_jit(rs.budget, plan.prompt[rows], pre.computed, fk))
+                             budget=self._charge_jit(rs.budget, wp, pre.computed, fk, pre.status))
     return rs, cont, st

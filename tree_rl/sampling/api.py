@@ -282,7 +282,7 @@ def _rows(x, dtype, name):
 
 
 def _mask(valid, b):
-  return jnp.ones((b,), bool) if valid is None else _rows(valid, bool, "valid")
+  return np.ones((b,), bool) if valid is None else _rows(valid, bool, "valid")
 
 
 # ----------------------------------------------------------------------------- public operations
@@ -384,8 +384,8 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
     if window_pages is None:
       window_pages = pow2_bucket(priv if cand <= shared_pages else used, 0, mp) or 1
   def per_row(x, name):   # None -> max_new, a scalar -> broadcast, else [B]
-    if x is None or np.ndim(x) == 0:
-      return jnp.full((b,), max_new if x is None else x, jnp.int32)
+    if x is None or np.ndim(x) == 0:   # a host array: no program is compiled for it
+      return np.full((b,), max_new if x is None else x, np.int32)
     return _rows(x, jnp.int32, name)
 
   statics = (("max_new", int(max_new)), ("top_k", int(top_k)), ("top_p", float(top_p)),
