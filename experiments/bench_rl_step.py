@@ -53,11 +53,17 @@ class Meter:
     self.calls = collections.Counter()
     self.tokens = collections.defaultdict(lambda: [0, 0])   # part -> [real, executed]
     self.compiles, self.compile_s = 0, 0.0
+    self.programs: list[str] = []   # the name of each program built, in order
 
-  def on_event(self, event: str, duration: float, **_):
+  def on_event(self, event: str, duration: float, fun_name: str = "?", **_):
     if event == "/jax/core/compile/backend_compile_duration":
       self.compiles += 1
       self.compile_s += duration
+      self.programs.append(fun_name)
+
+  def built_since(self, start: int) -> dict:
+    """Programs built since the `start`-th, by name, with their counts."""
+    return dict(collections.Counter(self.programs[start:]).most_common())
 
   @contextlib.contextmanager
   def timed(self, part: str):
@@ -239,6 +245,7 @@ def main(argv):
   from_rollout.make_batches = batches_and_count
   rows = []
   position = 0
+  startup = meter.compiles   # programs built by the warm start and the set-up, before step 0
   for step in range(1 + _STEPS.value):
     before = meter.snapshot()
     compiles0 = meter.compiles
@@ -261,17 +268,24 @@ def main(argv):
                      other_s=wall - sum(split.values()), tokens_real_executed=tokens,
                      tree_tokens=tree_tokens, leaf_tokens=leaf_tokens, sampler_gflop=sampler_f / 1e9,
                      learner_gflop=learner_f / 1e9, floor_s=floor, floor_ratio=wall / floor,
-                     compiles=meter.compiles - compiles0,
+                     compiles=meter.compiles - compiles0, built=meter.built_since(compiles0),
                      success=metrics.get("rollout/success_rate"),
                      trajectories=metrics.get("rollout/trajectories")))
     print(json.dumps(rows[-1]), flush=True)
   eval_s = []
   for _ in range(_EVAL.value):
     compiles0 = meter.compiles
+    before = meter.snapshot()
     t = time.perf_counter()
     _, cache = parts.evaluator(cache, train._eval_key(config))
     eval_s.append(time.perf_counter() - t)
-    rows.append(dict(kind="eval", wall_s=eval_s[-1], compiles=meter.compiles - compiles0,
+    after = meter.snapshot()
+    split = {k: after["wall"].get(k, 0.0) - before["wall"].get(k, 0.0) for k in after["wall"]}
+    tokens = {k: [a - b for a, b in zip(v, before["tokens"].get(k, [0, 0]))]
+              for k, v in after["tokens"].items() if k.startswith("rollout/")}
+    rows.append(dict(kind="eval", wall_s=eval_s[-1], split_s=split, tokens_real_executed=tokens,
+                     other_s=eval_s[-1] - sum(split.values()), compiles=meter.compiles - compiles0,
+                     built=meter.built_since(compiles0),
                      prompts=parts.evaluator.num_prompts, samples=parts.evaluator.k))
     print(json.dumps(rows[-1]), flush=True)
   steady = [r for r in rows if r["kind"] == "step" and r["step"] > 0] or rows[:1]
@@ -283,7 +297,7 @@ def main(argv):
                  matmul_gflop_per_s=rates / 1e9, warm_start_s=warm_s, step_s=mean("wall_s"),
                  cpu_s=mean("cpu_s"), floor_s=mean("floor_s"), floor_ratio=mean("floor_ratio"),
                  eval_s=eval_s[-1] if eval_s else None, eval_first_s=eval_s[0] if eval_s else None,
-                 compiles_step1=rows[0]["compiles"],
+                 compiles_startup=startup, compiles_step1=rows[0]["compiles"],
                  compiles_after_step1=sum(r["compiles"] for r in rows[1:] if r["kind"] == "step"),
                  compiles_total=meter.compiles, compile_s_total=meter.compile_s)
   print()

@@ -34,3 +34,26 @@ def enable(directory: str | None = None) -> str | None:
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   return directory
+
+
+_BUILT = {"names": [], "seconds": 0.0, "listening": False}
+
+
+def _on_duration(event: str, duration: float, fun_name: str = "?", **_):
+  if event == "/jax/core/compile/backend_compile_duration":
+    _BUILT["names"].append(fun_name)
+    _BUILT["seconds"] += duration
+
+
+def programs_built() -> tuple[int, float]:
+  """(XLA programs built in this process since the first call, seconds spent): each compiled,
+  or loaded from the persistent cache, once per shape (jax.monitoring's compile events)."""
+  if not _BUILT["listening"]:
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
+    _BUILT["listening"] = True
+  return len(_BUILT["names"]), _BUILT["seconds"]
+
+
+def built_since(count: int) -> list[str]:
+  """Names of the programs built after the first `count` (`programs_built`)."""
+  return list(_BUILT["names"][count:])

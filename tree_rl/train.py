@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tree_rl import console, hosts, tasks
+from tree_rl import compile_cache, console, hosts, tasks
 from tree_rl.checkpointing import Checkpointer
 from tree_rl.evaluation import Evaluator
 from tree_rl.learner import from_rollout
@@ -306,11 +306,18 @@ def train_and_evaluate(config, workdir: str) -> dict:
   last_eval = None
   with _StopRequest() as stop:
     while step < num_steps and not stop.requested:
+      built0, _ = compile_cache.programs_built()
       train_state, cache, metrics, drawn = rl_step(parts, train_state, ref_params, cache, step,
                                                    position)
       step += 1
       position += drawn
       cache = sampling.reset(cache, _to_model(parts, train_state.params))
+      # programs this step compiled (or loaded): 0 once every shape a run meets has been seen
+      built = compile_cache.built_since(built0)
+      metrics["time/compiles"] = len(built)
+      if built and step > 1:
+        print(f"step {step} built {len(built)} XLA program(s) for new shapes: "
+              f"{', '.join(sorted(set(built)))}", flush=True)
       if metrics.get("learner/skipped", 0):
         print(f"step {step}: {int(metrics['learner/skipped'])} update(s) skipped "
               f"(non-finite loss or gradient); parameters unchanged", flush=True)

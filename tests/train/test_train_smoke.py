@@ -14,13 +14,18 @@ from loop_helpers import checkpoint_params, max_abs_diff, smoke
 METHODS = ["chain", "tree_grpo", "patr", "tree_random", "dapo", "gigpo", "arpo"]
 
 
+# these run 4 steps and check that no program is built after the first
+COMPILES_CHECKED = {(frozenlake, "patr"), (toolcall, "tree_grpo")}
+
+
 @pytest.mark.parametrize("module,algo", [(m, a) for m in (frozenlake, toolcall) for a in METHODS])
 def test_smoke_run_trains_and_evaluates(tmp_path, data_dir, module, algo):
-  summary = train_and_evaluate(smoke(module, algo, data_dir), str(tmp_path))
-  assert summary["step"] == 2 and not summary["stopped_early"]
+  n = 4 if (module, algo) in COMPILES_CHECKED else 2
+  summary = train_and_evaluate(smoke(module, algo, data_dir, **{"train.num_steps": n}), str(tmp_path))
+  assert summary["step"] == n and not summary["stopped_early"]
   rows = read_jsonl(os.path.join(str(tmp_path), "metrics.jsonl"))
   steps = [r for r in rows if "learner/loss" in r]
-  assert algo == "dapo" or [r["step"] for r in steps] == [1, 2]
+  assert algo == "dapo" or [r["step"] for r in steps] == list(range(1, n + 1))
   if algo == "dapo":   # dynamic sampling: a step without an informative group does no update
     rollouts = [r for r in rows if "rollout/draws" in r]
     assert [r["step"] for r in rollouts] == [1, 2]
@@ -37,6 +42,20 @@ def test_smoke_run_trains_and_evaluates(tmp_path, data_dir, module, algo):
   assert ("eval/sampled_tool_calls" in summary["eval_after"]) == (module is toolcall)
   assert os.path.exists(os.path.join(str(tmp_path), "curves.png"))
   assert os.listdir(os.path.join(str(tmp_path), "tensorboard"))
+  if n == 4:   # every shape is built in step 1: later steps compile (or load) no XLA program
+    compiles = {r["step"]: r["time/compiles"] for r in steps}
+    assert [compiles[s] for s in (2, 3, 4)] == [0, 0, 0], compiles
+
+
+def test_built_programs_are_counted():
+  """`time/compiles` counts from jax.monitoring: a new program adds one, a cached one none."""
+  import jax
+  from tree_rl import compile_cache
+  fn = jax.jit(lambda x: x * 3 + 1)
+  before, _ = compile_cache.programs_built()
+  fn(np.zeros(7, np.float32))
+  fn(np.ones(7, np.float32))
+  assert compile_cache.programs_built()[0] == before + 1
 
 
 def test_learner_micro_batches_in_the_loop_match_one_batch(tmp_path, data_dir):
@@ -66,3 +85,4 @@ def test_warm_start_stops_at_the_target_on_train_maps(tmp_path, data_dir, capsys
   (step, success), = warm["evals"]
   assert step == 2 and 0.0 <= success <= 1.0
   assert f"warm start: step 2, greedy success {success:.2f} on 16 train maps" in capsys.readouterr().out
+

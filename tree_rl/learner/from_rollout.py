@@ -27,8 +27,7 @@ import numpy as np
 
 from tree_rl.buckets import fine_bucket
 from tree_rl.learner import advantages as advantage_lib
-from tree_rl.learner.batches import (TrainTree, leaf_batch, pack_microbatches, pack_trees,
-                                     with_kv_width)
+from tree_rl.learner.batches import TrainTree, leaf_batch, pack_microbatches, pack_trees
 from tree_rl.rollout.tree import path_nodes
 
 OVERLONG_TRUNCATED = ("keep", "penalize", "mask")
@@ -246,21 +245,23 @@ def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
 
 def _fixed_microbatches(config, members: list[TrainTree], procs: int, multiple: int) -> list:
   """`pack_microbatches` of one minibatch on this process: learner.microbatch_rows / procs rows
-  (rounded up to a multiple of the batch shards each process feeds), as many micro-batches and
-  as wide key-block lists as the most any process needs."""
+  (rounded up to a multiple of the batch shards each process feeds), as many micro-batches as
+  the most any process needs. Key-block lists are as wide as a row has blocks (the blocks a
+  query block does not see are masked), so every step runs one program."""
   from tree_rl import hosts
   from tree_rl.learner.batches import batch_totals, global_totals
   lcfg = config.learner
   kw = dict(aggregation=lcfg.aggregation, per_leaf=not lcfg.packed,
             block=int(lcfg.attention_block),
+            max_kv_blocks=int(lcfg.row_tokens) // int(lcfg.attention_block),
             totals=global_totals(members) if procs > 1 else batch_totals(members))
   rows = -(-int(lcfg.microbatch_rows) // procs)
   row_tokens, rows = int(lcfg.row_tokens), -(-rows // multiple) * multiple
   out = pack_microbatches(members, row_tokens, rows, **kw)
-  agreed = hosts.agree_max({"microbatches": len(out), "kv_blocks": out[0].kv_blocks.shape[2] if out else 1})
+  agreed = hosts.agree_max({"microbatches": len(out)})
   if agreed["microbatches"] > len(out):   # another process needs more: pad with empty ones
     out += pack_microbatches([], row_tokens, rows, min_batches=agreed["microbatches"] - len(out), **kw)
-  return with_kv_width(out, agreed["kv_blocks"])
+  return out
 
 
 def rollout_trees(config, out, end_of_turn_id: int | None = None, prompts=None

@@ -104,17 +104,25 @@ def init_cache(model: nnx.Module, *, max_seqs: int, num_pages: int, max_pages_pe
     if data_axis not in mesh.shape:
       raise ValueError(f"mesh has no data axis {data_axis!r}; axes: {tuple(mesh.shape)}")
     tensor_axis = tensor_axis if tensor_axis in mesh.shape else None
-    shards = mesh.shape[data_axis]
-    def build():   # every shard's empty state side by side, created in place on its devices
-      local = C.empty_state(spec)
-      return jax.tree.map(lambda x: jnp.concatenate([x] * shards, axis=1 if x.ndim == 5 else 0), local)
-    shardings = _state_shardings(jax.eval_shape(build), mesh, data_axis, tensor_axis)
-    state = jax.jit(build, out_shardings=shardings)()
+    state = _empty_sharded(spec, mesh, data_axis, tensor_axis)()
     params = jax.device_put(params, _param_shardings(params, mesh, tensor_axis))
   leaves, treedef = jax.tree.flatten(params)
   return Cache(params=tuple(leaves), state=state, params_version=next(_VERSION),
                graphdef=_Static((graphdef, treedef)), spec=spec, mesh=mesh, data_axis=data_axis,
                tensor_axis=tensor_axis)
+
+
+@functools.lru_cache(maxsize=None)
+def _empty_sharded(spec: C.CacheSpec, mesh: Mesh, data_axis: str, tensor_axis: str | None):
+  """A jitted builder of every shard's empty state side by side, created in place on its
+  devices (one program per cache shape and mesh, however often a cache is reset)."""
+  shards = mesh.shape[data_axis]
+
+  def build():
+    local = C.empty_state(spec)
+    return jax.tree.map(lambda x: jnp.concatenate([x] * shards, axis=1 if x.ndim == 5 else 0), local)
+  return jax.jit(build, out_shardings=_state_shardings(jax.eval_shape(build), mesh, data_axis,
+                                                       tensor_axis))
 
 
 def reset(cache: Cache, model: nnx.Module) -> Cache:
