@@ -95,10 +95,13 @@ def shard_rows(mask: jax.Array, shards: int, width: int) -> jax.Array:
 
 def shard_width(busiest: int, shards: int, full: int, bucketed: bool) -> int:
   """Rows for entries laid out by `shard_rows` when the busiest data shard holds `busiest`:
-  `full` unbucketed, else shards x a power of two of `busiest`."""
+  `full` unbucketed, else shards x a power of two of `busiest` of at least an eighth of a
+  shard's rows: at most four row counts per layout, so a run meets them all early (the few
+  rows of the last turns pad to that eighth)."""
   if not bucketed:
     return full
-  return shards * pow2_bucket(busiest, 1, full // shards)
+  per = full // shards
+  return shards * pow2_bucket(busiest, pow2_bucket(max(1, per // 8), 1, per), per)
 
 
 def _obs_chunk(obs, obs_len, need_obs, start, tokens: int):
@@ -146,7 +149,8 @@ class Engine:
   env: a `tree_rl.envs.TokenEnv` (token rendering, action parsing, tool-call accounting);
   tokenizer: the policy's tokenizer (stop ids). Sampling: max_tokens_per_turn, temperature,
   top_k, top_p; attention: the sampler's paged attention (auto | cascade | reference).
-  row_buckets: 'pow2' decodes only the live branches, padded to a power of two (few shapes),
+  row_buckets: 'pow2' decodes only the live branches, padded to a power of two of at least an
+  eighth of every slot (`shard_width`: at most four shapes),
   'full' always decodes every slot (one shape); an observation is prefilled on the rows of its
   turn's decode (only the branches that go on valid), so both share one row count.
   obs_chunk: observations are prefilled `obs_chunk` tokens per call, as many calls as the turn's
