@@ -44,7 +44,7 @@ from flax import struct
 
 from tree_rl.buckets import fine_bucket, pow2_bucket
 from tree_rl.learner.losses import check_aggregation, leaf_weights
-from tree_rl.learner.tree_attention import kv_block_lists, pad_kv_width
+from tree_rl.learner.tree_attention import kv_block_lists
 
 
 @struct.dataclass
@@ -463,7 +463,8 @@ def pack_microbatches(trees: list[TrainTree], row_tokens: int, rows: int, *,
 
 def with_kv_width(micro: list[PackedBatch], width: int) -> list[PackedBatch]:
   """The micro-batches with their key-block lists padded (-1) to one `width`."""
-  return [mb.replace(kv_blocks=pad_kv_width(mb.kv_blocks, width)) for mb in micro]
+  pad = lambda k: np.pad(k, ((0, 0), (0, 0), (0, width - k.shape[2])), constant_values=-1)  # noqa: E731
+  return [mb.replace(kv_blocks=pad(mb.kv_blocks)) for mb in micro]
 
 
 def _empty_rows(b: int, seq_len: int, max_nodes: int) -> dict:
@@ -526,7 +527,8 @@ def _finish(a: dict, seq_len: int, block: int | None, max_kv_blocks: int | None)
   kv_blocks = kv_block_lists(a["node_ids"], a["ancestors"], block, max_kv_blocks)
   if max_kv_blocks is None:  # pad the width to 2^k or 3 * 2^k (at most every block)
     need = kv_blocks.shape[2]
-    kv_blocks = pad_kv_width(kv_blocks, min(seq_len // block, fine_bucket(need)))
+    width = min(seq_len // block, fine_bucket(need))
+    kv_blocks = np.pad(kv_blocks, ((0, 0), (0, 0), (0, width - need)), constant_values=-1)
   return PackedBatch(kv_blocks=kv_blocks, **a)
 
 

@@ -28,7 +28,6 @@ import numpy as np
 from tree_rl.buckets import fine_bucket
 from tree_rl.learner import advantages as advantage_lib
 from tree_rl.learner.batches import TrainTree, leaf_batch, pack_microbatches, pack_trees
-from tree_rl.learner.tree_attention import pad_kv_width
 from tree_rl.rollout.tree import path_nodes
 
 OVERLONG_TRUNCATED = ("keep", "penalize", "mask")
@@ -231,7 +230,8 @@ def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
       width = batch.kv_blocks.shape[2]
       agreed = hosts.agree_max({"kv_blocks": width})["kv_blocks"]
       if agreed > width:   # another process's rows see more key blocks: pad to the same width
-        batch = batch.replace(kv_blocks=pad_kv_width(batch.kv_blocks, agreed))
+        batch = batch.replace(kv_blocks=np.pad(batch.kv_blocks, ((0, 0), (0, 0), (0, agreed - width)),
+                                               constant_values=-1))
     else:
       leaves = sum(len(t.leaves()) for t in members)
       shape = hosts.agree_max({

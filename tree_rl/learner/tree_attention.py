@@ -4,10 +4,7 @@ instead of the packed row length.
 
 `kv_blocks[b, j]` lists (padded with -1) the key blocks that any query of block j can see; the
 exact token mask (ancestor-or-self node, key not after query) is applied inside the gathered
-blocks. Queries and keys use the same block size T // num_blocks. A list as wide as the row
-has blocks holds them in their own order (block i in column i, -1 where unseen), and the
-attention then reads the keys in place, without gathering them (one fixed shape per row
-length at the cost of the masked blocks).
+blocks. Queries and keys use the same block size T // num_blocks.
 """
 
 from __future__ import annotations
@@ -38,22 +35,9 @@ def kv_block_lists(node_ids: np.ndarray, ancestors: np.ndarray, block: int,
   width = need if width is None else width
   if need > width:
     raise ValueError(f"a query block sees {need} key blocks > max_kv_blocks={width}")
-  if width == nb:   # every block in its own column: the attention reads keys in place
-    return np.where(vis_blocks, np.arange(nb), -1).astype(np.int32)
   order = np.argsort(~vis_blocks, axis=-1, kind="stable")[..., :width]   # visible blocks first
   keep = np.take_along_axis(vis_blocks, order, axis=-1)
   return np.where(keep, order, -1).astype(np.int32)
-
-
-def pad_kv_width(kv_blocks: np.ndarray, width: int) -> np.ndarray:
-  """Key-block lists [B, NB, w] padded with -1 to `width`; at the full width (`NB`, every block
-  of the row) in the full-width form, block i in column i."""
-  b, nb, w = kv_blocks.shape
-  if width == nb:
-    seen = np.zeros((b, nb, nb + 1), bool)
-    np.put_along_axis(seen, np.where(kv_blocks >= 0, kv_blocks, nb), True, axis=2)
-    return np.where(seen[..., :nb], np.arange(nb), -1).astype(np.int32)
-  return np.pad(kv_blocks, ((0, 0), (0, 0), (0, width - w)), constant_values=-1)
 
 
 def block_visibility(node_ids, ancestors, kv_blocks):
@@ -62,8 +46,7 @@ def block_visibility(node_ids, ancestors, kv_blocks):
   b, t = node_ids.shape
   nb, width = kv_blocks.shape[1:]
   blk = t // nb
-  # a full-width list names block i in column i (or -1): slots are the keys in their own order
-  idx = jnp.broadcast_to(jnp.arange(nb), kv_blocks.shape) if width == nb else jnp.maximum(kv_blocks, 0)
+  idx = jnp.maximum(kv_blocks, 0)
   kpos = (idx[..., None] * blk + jnp.arange(blk)).reshape(b, nb, width * blk)
   slot_ok = jnp.repeat(kv_blocks >= 0, blk, axis=2)[:, :, None, :]    # [B, NB, 1, S]
   take = jax.vmap(lambda x, i: x[i])
@@ -84,16 +67,15 @@ def tree_block_attention(q, k, v, kpos, visible):
   b, t, h, d = q.shape
   kvh = k.shape[2]
   nb, blk = visible.shape[1:3]
+  take = jax.vmap(lambda x, i: x[i])
+  kg = take(k, kpos)                                                  # [B, NB, S, KV, D]
+  vg = take(v, kpos)
   qb = q.reshape(b, nb, blk, kvh, h // kvh, d)
-  if visible.shape[-1] == t:   # full width: slot s is key s (`block_visibility`), no gather
-    kg, vg, keys = k, v, "bskd"
-  else:
-    take = jax.vmap(lambda x, i: x[i])
-    kg, vg, keys = take(k, kpos), take(v, kpos), "bnskd"              # [B, NB, S, KV, D]
-  scores = jnp.einsum(f"bntkgd,{keys}->bnkgts", qb, kg, preferred_element_type=jnp.float32)
+  scores = jnp.einsum("bntkgd,bnskd->bnkgts", qb, kg, preferred_element_type=jnp.float32)
   mask = visible[:, :, None, None]                                    # [B, NB, 1, 1, blk, S]
   scores = jnp.where(mask, scores * (d ** -0.5), -1e30)
-  probs = jnp.where(mask, jax.nn.softmax(scores, axis=-1), 0.0)
-  out = jnp.einsum(f"bnkgts,{keys}->bntkgd", probs.astype(v.dtype), vg,
+  probs = jax.nn.softmax(scores, axis=-1)
+  probs = jnp.where(mask, probs, 0.0)
+  out = jnp.einsum("bnkgts,bnskd->bntkgd", probs.astype(v.dtype), vg,
                    preferred_element_type=jnp.float32)
   return out.reshape(b, t, h, d).astype(q.dtype)
