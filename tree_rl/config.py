@@ -69,6 +69,8 @@ def base_config() -> ml_collections.ConfigDict:
       kv_dtype="bfloat16",      # KV cache dtype: bfloat16 | float32
       attention="auto",         # paged attention: auto (= cascade) | cascade | reference
       max_shared_pages=256,     # cascade: most pages read once per step for all rows (rest go per row)
+      obs_chunk=64,             # observation tokens prefilled per call, as many calls as the longest
+                                # needs: one program per row count (0: the whole observation capacity at once)
       data_shards=0,            # rollouts' data shards on this process's devices (each owns its prompts' slots
                                 # and pages); 0: the most that divide rollout.prompts_per_step and fit the devices
       # the page-table width is not a knob: it is the longest context the rollout can reach

@@ -59,6 +59,8 @@ def validate(config, *, engine=None, layout=None) -> None:
          f"config.sampler.num_pages must be >= 0 (0: the rollouts' worst case), got {s.num_pages}")
   _check(int(s.max_shared_pages) >= 0,
          f"config.sampler.max_shared_pages must be >= 0, got {s.max_shared_pages}")
+  _check(int(s.obs_chunk) >= 0,
+         f"config.sampler.obs_chunk must be >= 0 (0: the whole observation at once), got {s.obs_chunk}")
   _check(s.kv_dtype in KV_DTYPES, f"config.sampler.kv_dtype={s.kv_dtype!r}; known: {KV_DTYPES}")
   _check(s.attention in ATTENTION, f"config.sampler.attention={s.attention!r}; known: {ATTENTION}")
   _check_shards(config)

@@ -88,6 +88,7 @@ def test_cli_bad_config_argument_is_one_clear_line():
     (("sampler", "page_size", 0), "config.sampler.page_size must be >= 1"),
     (("sampler", "num_pages", -1), "config.sampler.num_pages must be >= 0"),
     (("sampler", "kv_dtype", "int8"), "config.sampler.kv_dtype='int8'"),
+    (("sampler", "obs_chunk", -1), "config.sampler.obs_chunk must be >= 0"),
     (("sampler", "attention", "flash"), "config.sampler.attention='flash'"),
     (("rollout", "top_p", 0.0), "config.rollout.top_p=0.0 must be in"),
     (("rollout", "top_p", 1.5), "config.rollout.top_p=1.5 must be in"),
