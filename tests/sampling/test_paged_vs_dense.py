@@ -160,3 +160,23 @@ def test_one_prefill_program_reads_cached_contexts_of_any_length(model, monkeypa
       np.testing.assert_allclose(_log_softmax(out.logits[row]),
                                  dense_logprobs(model, d.seqs[slot])[-1], atol=2e-4)
   assert set(seen) == {None}   # one static signature (the harness keeps B and T fixed)
+
+
+def test_prefill_built_ahead_of_time_is_not_built_again(model):
+  """prefill(..., run=False) compiles the program for its shapes and changes nothing; the real
+  call with those shapes then builds no program and gives the dense logits."""
+  from tree_rl import compile_cache
+  d = Driver(model, max_seqs=8, num_pages=80)   # a pool no other test uses: a fresh shape
+  tokens = np.zeros((3, 5), np.int32)
+  tokens[:, :4] = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
+  slots, lens = np.array([0, 1, 2], np.int32), np.array([4, 4, 2], np.int32)
+  before, _ = compile_cache.programs_built()
+  cache, out = sampling.prefill(d.cache, slots, tokens, lens, run=False)
+  assert out is None and cache is d.cache and int(np.asarray(cache.lens).sum()) == 0
+  assert compile_cache.programs_built()[0] > before
+  built, _ = compile_cache.programs_built()
+  cache, out = sampling.prefill(d.cache, slots, tokens, lens)
+  assert compile_cache.programs_built()[0] == built
+  for i in range(3):
+    want = dense_logprobs(model, tokens[i, :lens[i]])[-1]
+    np.testing.assert_allclose(_log_softmax(out.logits[i]), want, atol=2e-4)

@@ -212,6 +212,7 @@ class Engine:
     self._repeat_jit = jax.jit(lambda toks, lens, m: (jnp.repeat(toks, m, axis=0), jnp.repeat(lens, m)),
                                static_argnums=(2,))
     self._slots = {}   # (layout, shards, seqs) -> device slots [P * N] of every node
+    self._prefill_built = set()   # (rows, chunk) of the observation prefills built
 
   # ------------------------------------------------------------------ sizes
   def max_context(self) -> int:
@@ -487,6 +488,12 @@ class Engine:
       cache, pre = sampling.prefill(cache, child_slots, toks, lens, ok)
       self._check("prefill", pre.status, child_slots, ok)
       budget = self._charge_jit(budget, plan.prompt, pre.computed, ok, pre.status)
+    if not going and (width, chunk) not in self._prefill_built:
+      # a row count first met on a last turn: build its prefill now, not in a later step
+      toks, lens, ok = self._obs_chunk_jit(obs, obs_len, need_obs, 0, chunk)
+      sampling.prefill(cache, child_slots, toks, lens, ok, run=False)
+      self._charge_jit.lower(budget, plan.prompt, lens, ok, lens).compile()
+    self._prefill_built.add((width, chunk))
     peak = self._peak_jit(rs.peak_pages, cache.state.num_free, cache.spec.num_pages)
     rs = dataclasses.replace(rs, cache=cache, tree=tree, budget=budget, peak_pages=peak,
                              turns=rs.turns + 1)

@@ -276,8 +276,11 @@ def _merge(static: _Static, leaves):
   return nnx.merge(graphdef, jax.tree.unflatten(treedef, list(leaves)))
 
 
-def _call(make, cache: Cache, *args, statics=()):
+def _call(make, cache: Cache, *args, statics=(), run: bool = True):
   fn = _build(make, cache.graphdef, cache.spec, cache.mesh, cache.data_axis, tuple(statics))
+  if not run:   # compile only (ahead of time): the later call with these shapes finds the program
+    fn.lower(cache.params, cache.state, *args).compile()
+    return cache, None
   state, out = fn(cache.params, cache.state, *args)
   return (cache if state is None else cache.replace(state=state)), out
 
@@ -295,8 +298,8 @@ def _mask(valid, b):
 
 # ----------------------------------------------------------------------------- public operations
 
-def prefill(cache: Cache, slots, tokens, lengths, valid=None, *, read_cache: bool | None = None
-            ) -> tuple[Cache, PrefillOutput]:
+def prefill(cache: Cache, slots, tokens, lengths, valid=None, *, read_cache: bool | None = None,
+            run: bool = True) -> tuple[Cache, PrefillOutput]:
   """Append tokens[b, :lengths[b]] to slot slots[b]; a row starts a new sequence if its slot is
   empty. slots/lengths [B] int, tokens [B, T] int, valid [B] bool (default all).
 
@@ -306,7 +309,8 @@ def prefill(cache: Cache, slots, tokens, lengths, valid=None, *, read_cache: boo
   read_cache=False skips attention to cached pages (valid when every row starts a new
   sequence: fresh prompts; a row with cached pages is refused); otherwise attention reads the
   cached pages in blocks, as far as the longest row's cache reaches, with no host round trip
-  and one compiled program for every context length.
+  and one compiled program for every context length. run=False only compiles the program for
+  these shapes (nothing runs; returns (cache, None)).
   """
   slots = _rows(slots, jnp.int32, "slots")
   tokens = jnp.asarray(tokens, jnp.int32)
@@ -316,7 +320,7 @@ def prefill(cache: Cache, slots, tokens, lengths, valid=None, *, read_cache: boo
   valid = _mask(valid, slots.shape[0])
   # None: the whole page table, read only as far as the longest row's cache reaches
   statics = (("prefix_pages", 0 if read_cache is False else None),)
-  return _call(_prefill_op, cache, slots, tokens, lengths, valid, statics=statics)
+  return _call(_prefill_op, cache, slots, tokens, lengths, valid, statics=statics, run=run)
 
 
 def fork(cache: Cache, parents, children, valid=None) -> tuple[Cache, jax.Array]:
