@@ -180,3 +180,27 @@ def test_prefill_built_ahead_of_time_is_not_built_again(model):
   for i in range(3):
     want = dense_logprobs(model, tokens[i, :lens[i]])[-1]
     np.testing.assert_allclose(_log_softmax(out.logits[i]), want, atol=2e-4)
+
+
+def test_a_reset_cache_of_mesh_placed_weights_needs_no_new_program(model):
+  """Weights on a one-device mesh (the learner's) make every operation's output state carry
+  that sharding; a new or reset cache starts with it too, so its first prefill finds the
+  program an operation's output already met (a differently placed state would build another)."""
+  import jax
+  from flax import nnx
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+  from tree_rl import compile_cache
+  graphdef, state = nnx.split(model)
+  mesh = Mesh(np.array(jax.devices()[:1]), ("learner",))
+  placed = nnx.merge(graphdef, jax.device_put(state, NamedSharding(mesh, PartitionSpec())))
+  cache = sampling.init_cache(placed, max_seqs=8, num_pages=72, page_size=4, max_pages_per_seq=16,
+                              kv_dtype="float32")
+  tokens, slots, lens = np.ones((2, 3), np.int32), np.array([0, 1], np.int32), np.array([3, 2], np.int32)
+  used, _ = sampling.prefill(cache, slots, tokens, lens)      # an operation's output state
+  used, _ = sampling.prefill(used, slots + 2, tokens, lens)   # and a prefill on such a state
+  fresh = sampling.reset(used, placed)
+  assert [a.sharding for a in jax.tree.leaves(fresh.state)] == [a.sharding for a in jax.tree.leaves(used.state)]
+  built, _ = compile_cache.programs_built()
+  fresh, out = sampling.prefill(fresh, slots, tokens, lens)
+  assert (np.asarray(out.status) == sampling.Status.OK).all()
+  assert compile_cache.programs_built()[0] == built

@@ -100,6 +100,11 @@ def init_cache(model: nnx.Module, *, max_seqs: int, num_pages: int, max_pages_pe
   graphdef, params = nnx.split(model)
   if mesh is None:
     state = C.empty_state(spec)
+    lead = getattr(jax.tree.leaves(params)[0], "sharding", None)
+    if isinstance(lead, NamedSharding) and lead.mesh.size == 1:
+      # weights on a one-device mesh (the learner's): every operation's output state carries
+      # that sharding, so a new (or reset) cache starts with it too and finds their programs
+      state = jax.device_put(state, NamedSharding(lead.mesh, P()))
   else:
     if data_axis not in mesh.shape:
       raise ValueError(f"mesh has no data axis {data_axis!r}; axes: {tuple(mesh.shape)}")
