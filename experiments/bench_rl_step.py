@@ -46,24 +46,25 @@ _WARM = flags.DEFINE_string("warm_cache", "", "An .npz of the warm-start weights
 
 
 class Meter:
-  """Wall time, calls, real and executed tokens per part; compilations from jax.monitoring."""
+  """Wall time, calls, real and executed tokens per part; programs built (`compile_cache`)."""
 
   def __init__(self):
     self.wall = collections.defaultdict(float)
     self.calls = collections.Counter()
     self.tokens = collections.defaultdict(lambda: [0, 0])   # part -> [real, executed]
-    self.compiles, self.compile_s = 0, 0.0
-    self.programs: list[str] = []   # the name of each program built, in order
 
-  def on_event(self, event: str, duration: float, fun_name: str = "?", **_):
-    if event == "/jax/core/compile/backend_compile_duration":
-      self.compiles += 1
-      self.compile_s += duration
-      self.programs.append(fun_name)
+  @property
+  def compiles(self) -> int:
+    return compile_cache.programs_built()[0]
 
-  def built_since(self, start: int) -> dict:
+  @property
+  def compile_s(self) -> float:
+    return compile_cache.programs_built()[1]
+
+  @staticmethod
+  def built_since(start: int) -> dict:
     """Programs built since the `start`-th, by name, with their counts."""
-    return dict(collections.Counter(self.programs[start:]).most_common())
+    return dict(collections.Counter(compile_cache.built_since(start)).most_common())
 
   @contextlib.contextmanager
   def timed(self, part: str):
@@ -214,7 +215,7 @@ def main(argv):
 
   config = _CONFIG.value
   meter = Meter()
-  jax.monitoring.register_event_duration_secs_listener(meter.on_event)
+  meter.compiles   # starts counting (compile_cache's jax.monitoring listener)
   t0 = time.perf_counter()
   parts = train.build_parts(config)
   warm_params = _warm_params(parts)
