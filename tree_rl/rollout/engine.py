@@ -77,7 +77,8 @@ def layout_slots(layout: Layout, shards: int, seqs_per_shard: int) -> np.ndarray
 
 def busiest_shard(mask: jax.Array, shards: int) -> jax.Array:
   """The most True entries of `mask` (any shape, [P, ...] split into `shards` equal blocks of
-  prompts) held by one data shard."""
+  prompts; int ids count where >= 0) held by one data shard."""
+  mask = mask if mask.dtype == jnp.bool_ else mask >= 0
   return jnp.max(jnp.sum(mask.reshape(shards, -1), axis=1)).astype(jnp.int32)
 
 
@@ -448,7 +449,7 @@ class Engine:
     budget-capped chain starts chains later). Returns (state, children [P, S] local node ids,
     -1 where none)."""
     layout = rs.layout
-    busiest = int(self._busiest_jit(parents >= 0, rs.shards))   # the turn's one host read
+    busiest = int(self._busiest_jit(parents, rs.shards))   # the turn's one host read
     if busiest == 0:
       return rs, parents   # every entry is -1: no child
     width = shard_width(busiest, rs.shards, layout.num_prompts * layout.slots,
