@@ -15,7 +15,7 @@ What an entry holds (`EnvEntry`):
   text with `{stage}` / `{trajectory}` slots, the stage names, and a function of the env state
   giving the current stage);
 - expert(env, epsilon) -> `tree_rl.warmstart.Expert`: the warm start's demonstrator.
-Each part may be the object or a "module:attribute" path imported on first use (as gymnasium's
+The factory and each part may be the object or a "module:attribute" path imported on first use (as gymnasium's
 entry points), so a built-in env registers its parts without importing them.
 """
 
@@ -35,7 +35,7 @@ _PARTS = {"tasks": "its task set (train / test initial states)",
 @dataclasses.dataclass(frozen=True)
 class EnvEntry:
   name: str
-  factory: Callable
+  factory: Callable | str
   config_fields: tuple[str, ...] = ("preset",)
   tasks: Callable | str | None = None
   heuristic: Callable | str | None = None
@@ -48,16 +48,24 @@ class EnvEntry:
     if value is None:
       raise KeyError(f"env {self.name!r} (config.env.name) has no {_PARTS[what]}; register it "
                      f"with tree_rl.envs.register({self.name!r}, factory, {what}=...)")
-    if isinstance(value, str):
-      module, _, attr = value.partition(":")
-      value = getattr(importlib.import_module(module), attr)
-    return value
+    return _load(value)
+
+  def build(self, **kwargs) -> Any:
+    """The environment, from the factory (imported first if given as a path)."""
+    return _load(self.factory)(**kwargs)
+
+
+def _load(value):
+  if isinstance(value, str):
+    module, _, attr = value.partition(":")
+    value = getattr(importlib.import_module(module), attr)
+  return value
 
 
 _REGISTRY = Registry("env", "config.env.name")
 
 
-def register(name: str, factory: Callable, *, config_fields: tuple[str, ...] = ("preset",),
+def register(name: str, factory: Callable | str, *, config_fields: tuple[str, ...] = ("preset",),
              tasks: Callable | str | None = None, heuristic: Callable | str | None = None,
              expert: Callable | str | None = None, judge: Any = None,
              overwrite: bool = False) -> Callable:
@@ -77,7 +85,7 @@ def entry(name: str) -> EnvEntry:
 
 def make(name: str, **kwargs) -> Any:
   """The environment registered as `name`, built with `kwargs` (e.g. preset=..., tokenizer=...)."""
-  return entry(name).factory(**kwargs)
+  return entry(name).build(**kwargs)
 
 
 def registered() -> list[str]:
@@ -91,4 +99,4 @@ def from_config(config, tokenizer=None, **kwargs) -> Any:
   fields = {k: config.env[k] for k in e.config_fields}
   fields.update(max_turns=int(config.rollout.max_turns),
                 max_reply_tokens=int(config.rollout.max_tokens_per_turn))
-  return e.factory(tokenizer=tokenizer, **(fields | kwargs))
+  return e.build(tokenizer=tokenizer, **(fields | kwargs))

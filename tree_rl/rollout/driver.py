@@ -146,6 +146,21 @@ def run(engine: Engine, method: RolloutMethod, cache, env_states, key, *, prompt
     raise ValueError(f"config.rollout.budget={limit} {budget_unit} per prompt is less than one "
                      f"trajectory can take ({one}): no branch could start")
   rs = engine.start(cache, env_states, layout, prompt_ids)
+  try:
+    rs = _turns(engine, method, rs, key, scorer, limit, budget_unit, costs)
+  except BaseException:   # a host env's handles do not outlive a failed or interrupted rollout
+    engine.close(rs)
+    raise
+  ids, valid, reward, tid = _finish(method, rs.tree, jax.random.fold_in(key, 2**31 - 1), method.max_leaves())
+  out = RolloutOutput(tree=rs.tree, leaf=ids, valid=valid, reward=reward, tree_id=tid,
+                      state_key=_state_keys(engine.env, rs.tree.env_state), budget=rs.budget,
+                      stats=statistics(rs, ids, valid, reward, budget_unit, engine.max_turns))
+  return out, rs.cache
+
+
+def _turns(engine: Engine, method: RolloutMethod, rs: RolloutState, key, scorer, limit: int,
+           budget_unit: str, costs: CostModel) -> RolloutState:
+  """The turn loop of `run`, from the roots until no branch goes on; every slot released."""
   parents, pstate = _first(method, rs.tree, rs.budget, limit, budget_unit, costs)
   max_len = engine.max_context()
   while True:
@@ -161,12 +176,7 @@ def run(engine: Engine, method: RolloutMethod, cache, env_states, key, *, prompt
     rs = engine.release(dataclasses.replace(rs, tree=tree, budget=bud), release)
     if not bool(more):
       break
-  rs = engine.release(rs, rs.live)
-  ids, valid, reward, tid = _finish(method, rs.tree, jax.random.fold_in(key, 2**31 - 1), method.max_leaves())
-  out = RolloutOutput(tree=rs.tree, leaf=ids, valid=valid, reward=reward, tree_id=tid,
-                      state_key=_state_keys(engine.env, rs.tree.env_state), budget=rs.budget,
-                      stats=statistics(rs, ids, valid, reward, budget_unit, engine.max_turns))
-  return out, rs.cache
+  return engine.release(rs, rs.live)
 
 
 def statistics(rs: RolloutState, ids, valid, reward, unit: str = "generated",

@@ -13,6 +13,11 @@ env state in the tree, so a branch can start from any kept node: a parent listed
 into m children that continue the real environment state. Host round trips happen only at
 turn boundaries (a handful of jitted calls per turn). Method policies (`methods.py`) only choose
 the parents of the next turn.
+
+A host environment (`tree_rl.envs.host.HostEnv`: a workspace, a process) is stepped on the
+host at the same boundary: a child's handle is forked from its parent's where the KV pages are
+forked, stepped in place with the decoded reply, and released where the node's pages are freed
+(`close` releases every handle of a rollout that fails).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from flax import struct
 from tree_rl import sampling
 from tree_rl.buckets import pow2_bucket
 from tree_rl.envs.base import pytree_hash
+from tree_rl.envs.host import HostStep, is_host_env, text_hash
 from tree_rl.rollout import tree as tree_lib
 from tree_rl.rollout.budget import Budget, CostModel, per_parent_forks
 
@@ -52,6 +58,7 @@ class RolloutState:
   layout: Layout
   turns: int = 0
   shards: int = 1            # the cache's data shards: prompts [d*P/D, (d+1)*P/D) live on shard d
+  handles: np.ndarray | None = None   # int64 [P, N] a host env's handle per node (-1: none)
 
   def slots(self, wp, nodes) -> jax.Array:
     """Sampler slots of nodes `nodes` of batch prompts `wp` (`slot_ids`)."""
@@ -190,11 +197,16 @@ class Engine:
     self.entropy_tokens = int(entropy_tokens)
     self.stop_ids = tuple(tokenizer.stop_ids)
     self.eot = int(tokenizer.end_of_turn_id)
-    state, _ = jax.eval_shape(lambda k: env.reset(k, self.env_params), jax.random.key(0))
-    self._state_example = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), state)
-    ptok, _ = jax.eval_shape(lambda s: env.initial_prompt_tokens(s, self.env_params), state)
-    otok, _ = jax.eval_shape(lambda s: env.observation_tokens(s, True, self.env_params), state)
-    self.prompt_capacity, self.obs_capacity = ptok.shape[0], otok.shape[0]
+    self.host = is_host_env(env)
+    if self.host:
+      self._state_example = env.state_example()
+      self.prompt_capacity, self.obs_capacity = int(env.prompt_capacity), int(env.obs_capacity)
+    else:
+      state, _ = jax.eval_shape(lambda k: env.reset(k, self.env_params), jax.random.key(0))
+      self._state_example = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), state)
+      ptok, _ = jax.eval_shape(lambda s: env.initial_prompt_tokens(s, self.env_params), state)
+      otok, _ = jax.eval_shape(lambda s: env.observation_tokens(s, True, self.env_params), state)
+      self.prompt_capacity, self.obs_capacity = ptok.shape[0], otok.shape[0]
     self.node_tokens = max(self.prompt_capacity, self.max_new + self.obs_capacity)
     # Every array operation between sampler calls is one of these jitted pieces (an eager op
     # would compile a program of its own for every shape it meets).
@@ -231,9 +243,11 @@ class Engine:
     return -(-(self.max_context() + 1) // page_size)
 
   # ------------------------------------------------------------------ jitted pieces
-  def _init_tree(self, env_states, prompt_ids, layout: Layout):
+  def _init_tree(self, env_states, prompt_ids, layout: Layout, toks=None, lens=None):
+    """The roots' tree; a host env's prompt tokens come rendered (toks, lens)."""
     p, m, n = layout.num_prompts, layout.num_trees, layout.capacity
-    toks, lens = jax.vmap(lambda s: self.env.initial_prompt_tokens(s, self.env_params))(env_states)
+    if toks is None:
+      toks, lens = jax.vmap(lambda s: self.env.initial_prompt_tokens(s, self.env_params))(env_states)
     tree = tree_lib.empty(p, n, self.node_tokens, self._state_example, prompt_id=prompt_ids)
     roots = jnp.arange(m)
     width = toks.shape[1]
@@ -289,27 +303,35 @@ class Engine:
     return plan, children, jnp.any(overflow), at(plan.parent), at(plan.child), keys, live, drop
 
   def _commit(self, tree, budget, plan: TurnPlan, out_tokens, out_logprobs, out_lengths, key,
-              out_entropy=None):
+              out_entropy=None, stepped: HostStep | None = None):
     """Step the env for every decoded turn and write the child nodes (one jitted call); the
     env's keys derive from fold_in(key, 1). out_entropy [W, max_new] (0 after the first
-    entropy_tokens and after the length) or None."""
+    entropy_tokens and after the length) or None. stepped: a host env's results for the rows
+    (the env is not stepped here)."""
     key = jax.random.fold_in(key, 1)
     wp, wpar, wchild, valid = plan.prompt, plan.parent, plan.child, plan.valid
     w = wp.shape[0]
     nparent = jnp.maximum(wpar, 0)
     toks = jnp.where(out_tokens >= 0, out_tokens, 0).astype(jnp.int32)
     lens = jnp.where(valid, out_lengths, 0).astype(jnp.int32)
-    last = jnp.take_along_axis(toks, jnp.maximum(lens - 1, 0)[:, None], axis=1)[:, 0]
-    closed = (lens > 0) & (last == self.eot)
-    action = jax.vmap(self.env.parse_action)(toks, lens)
     pstate = jax.tree.map(lambda x: x[wp, nparent], tree.env_state)
-    keys = node_keys(key, tree.prompt_id[wp], wchild)
-    state, _, reward, done, info = jax.vmap(
-        lambda k, s, a: self.env.step(k, s, a, self.env_params))(keys, pstate, action)
+    if stepped is None:
+      last = jnp.take_along_axis(toks, jnp.maximum(lens - 1, 0)[:, None], axis=1)[:, 0]
+      closed = (lens > 0) & (last == self.eot)
+      action = jax.vmap(self.env.parse_action)(toks, lens)
+      keys = node_keys(key, tree.prompt_id[wp], wchild)
+      state, _, reward, done, info = jax.vmap(
+          lambda k, s, a: self.env.step(k, s, a, self.env_params))(keys, pstate, action)
+      obs, obs_len = jax.vmap(lambda s, c: self.env.observation_tokens(s, c, self.env_params))(
+          state, closed)
+      ahash = jax.vmap(pytree_hash)(action)   # equal actions hash equal
+      tool = jnp.asarray(jax.vmap(self.env.tool_calls)(pstate, state), jnp.int32)
+    else:
+      state = self.env.child_state(pstate, stepped)
+      reward, done, obs, obs_len = stepped.reward, stepped.done, stepped.obs, stepped.obs_len
+      ahash, tool = stepped.action, stepped.tool_calls
     depth = tree.depth[wp, nparent] + 1
     trunc = ~done & (depth >= self.max_turns)
-    obs, obs_len = jax.vmap(lambda s, c: self.env.observation_tokens(s, c, self.env_params))(
-        state, closed)
     need_obs = valid & ~done & ~trunc
     obs_len = jnp.where(need_obs, obs_len, 0).astype(jnp.int32)
     # Node tokens: the turn's tokens, then the observation.
@@ -322,7 +344,6 @@ class Engine:
     lp = jnp.pad(out_logprobs.astype(jnp.float32),
                  ((0, 0), (0, max(0, self.node_tokens - out_logprobs.shape[1]))))[:, :self.node_tokens]
     node_lp = jnp.where(t < lens[:, None], lp, 0.0)
-    ahash = jax.vmap(pytree_hash)(action)   # equal actions hash equal
     prev_hash = tree.action[wp, nparent]
     run = jnp.where(ahash == prev_hash, tree.action_run[wp, nparent] + 1, 1)
     ret = tree.ret[wp, nparent] + reward
@@ -350,7 +371,6 @@ class Engine:
     if out_entropy is not None:   # mean over the reply's first min(k, length) tokens
       count = jnp.minimum(lens, self.entropy_tokens)
       tree = tree.replace(entropy=put(tree.entropy, jnp.sum(out_entropy, axis=1) / jnp.maximum(count, 1)))
-    tool = jnp.asarray(jax.vmap(self.env.tool_calls)(pstate, state), jnp.int32)
     forks = plan.fork
     budget = budget.add(generated=seg(lens), env_steps=seg(jnp.ones((w,), jnp.int32)),
                         tool_calls=seg(tool), forks=seg(forks.astype(jnp.int32)),
@@ -416,7 +436,22 @@ class Engine:
       raise ValueError(f"the sampler cache has {cache.spec.max_seqs} slots per data shard; the "
                        f"rollout needs {(p // shards) * layout.capacity} (prompts per shard x node "
                        f"capacity): size it with rollout.capacity.new_cache")
-    tree, toks, lens = self._init_jit(env_states, jnp.asarray(prompt_ids, jnp.int32), layout)
+    handles = toks = lens = None
+    if self.host:
+      handles, toks, lens = self._host_reset(env_states, layout)
+    try:
+      return self._start(cache, env_states, layout, prompt_ids, handles, toks, lens)
+    except BaseException:
+      if handles is not None:
+        self.env.release(handles[handles >= 0])
+      raise
+
+  def _start(self, cache, env_states, layout, prompt_ids, handles, toks, lens) -> RolloutState:
+    p, m = layout.num_prompts, layout.num_trees
+    shards = cache.num_shards
+    tree, toks, lens = self._init_jit(env_states, jnp.asarray(prompt_ids, jnp.int32), layout, toks, lens)
+    if handles is not None:
+      tree = tree.replace(env_state=tree.env_state.replace(handle=jnp.asarray(handles, jnp.int32)))
     slots = layout_slots(layout, shards, cache.spec.max_seqs)
     slots0 = slots[:, 0]
     chi = slots[:, 1:m].reshape(-1)                       # the other roots, prompt-major
@@ -434,13 +469,84 @@ class Engine:
     budget, live, peak = self._roots_jit(pre.computed, lens, more, cache.state.num_free, layout,
                                          cache.spec.num_pages)
     return RolloutState(cache=cache, tree=tree, budget=budget, live=live, peak_pages=peak,
-                        layout=layout, shards=shards)
+                        layout=layout, shards=shards, handles=handles)
 
   def release(self, rs: RolloutState, mask: jax.Array) -> RolloutState:
-    """Free the sampler slots of nodes `mask` [P, N] that still hold a sequence."""
+    """Free the sampler slots (and a host env's handles) of nodes `mask` [P, N] that still
+    hold a sequence."""
     flat, live = self._release_jit(rs.live, mask)
+    if rs.handles is not None:
+      self._release_handles(rs, np.asarray(jax.device_get(flat)).reshape(rs.handles.shape))
     slots = self._node_slots(rs.layout, rs.shards, rs.cache.spec.max_seqs)
     return dataclasses.replace(rs, cache=sampling.release(rs.cache, slots, flat), live=live)
+
+  def close(self, rs: RolloutState | None) -> None:
+    """Release every host handle a rollout still holds (after an error or an interrupt)."""
+    if rs is not None and rs.handles is not None:
+      self._release_handles(rs, rs.handles >= 0)
+
+  # ------------------------------------------------------------------ host environments
+  def _host_reset(self, env_states, layout: Layout):
+    """Start the episodes of a host env: handles [P, N] (every root its own copy) and the
+    rendered prompts."""
+    tasks = np.asarray(jax.device_get(env_states.task))
+    first, texts = self.env.reset(tasks)
+    handles = np.full((layout.num_prompts, layout.capacity), -1, np.int64)
+    handles[:, 0] = first
+    try:
+      m = layout.num_trees
+      if m > 1:
+        more = self.env.fork(handles[:, 0], np.full((layout.num_prompts,), m - 1))
+        handles[:, 1:m] = np.asarray(more).reshape(layout.num_prompts, m - 1)
+      toks, lens = self.env.prompt_tokens(texts)
+    except BaseException:
+      self.env.release(handles[handles >= 0])
+      raise
+    return handles, toks, lens
+
+  def _host_fork(self, rs: RolloutState, plan: TurnPlan):
+    """Every planned child gets its own copy of its parent's host state (where its pages fork)."""
+    wp, par, child, valid = (np.asarray(x) for x in jax.device_get(
+        (plan.prompt, plan.parent, plan.child, plan.valid)))
+    rows = np.nonzero(valid)[0]
+    src = rs.handles[wp[rows], par[rows]]
+    rs.handles[wp[rows], child[rows]] = self.env.fork(src, np.ones(len(rows), np.int64))
+    return wp, child, rows
+
+  def _host_step(self, rs: RolloutState, rows_of, out) -> HostStep:
+    """Step the children's host states in place with their decoded replies."""
+    wp, child, rows = rows_of
+    toks, lens = (np.asarray(x) for x in jax.device_get((out.tokens, out.lengths)))
+    w = toks.shape[0]
+    handles = rs.handles[wp[rows], child[rows]]
+    replies = [toks[r, :lens[r]].tolist() for r in rows]
+    texts = [self.env.reply_text(ids) for ids in replies]
+    closed = np.array([bool(ids) and ids[-1] == self.eot for ids in replies], bool)
+    obs_text, reward, done, info = self.env.step(handles, texts)
+    obs_rows, obs_len_rows = self.env.observation_tokens(obs_text, closed)
+
+    def full(values, dtype, shape=()):
+      a = np.zeros((w,) + shape, dtype)
+      a[rows] = values
+      return a
+
+    fields = self.env.info_fields
+    info_rows = np.stack([np.asarray(info[f], np.float32) for f in fields], 1) if fields else (
+        np.zeros((len(rows), 0), np.float32))
+    return HostStep(
+        handle=full(handles, np.int32), reward=full(reward, np.float32), done=full(done, bool),
+        info=full(info_rows, np.float32, (len(fields),)),
+        key=full(info.get("state_key", handles), np.int32),
+        obs=full(obs_rows, np.int32, (self.obs_capacity,)), obs_len=full(obs_len_rows, np.int32),
+        action=full([text_hash(t) for t in texts], np.int32),
+        tool_calls=full(info.get("tool_calls", 1), np.int32))
+
+  def _release_handles(self, rs: RolloutState, mask: np.ndarray) -> None:
+    held = rs.handles[mask]
+    rs.handles[mask] = -1
+    held = held[held >= 0]
+    if held.size:
+      self.env.release(held)
 
   def advance(self, rs: RolloutState, parents: jax.Array, key: jax.Array, *,
               keep_parents: bool, keep_roots: bool = False) -> tuple[RolloutState, jax.Array]:
@@ -459,6 +565,7 @@ class Engine:
         rs.tree, rs.live, parents, key, width, layout, rs.shards, seqs, not keep_parents, keep_roots)
     if bool(overflow):
       raise RolloutError("rollout tree node capacity exceeded (internal sizing error)")
+    host_rows = self._host_fork(rs, plan) if self.host else None
     if self.share_prefix:
       forked = plan.valid
       cache, fork_status = sampling.fork(rs.cache, par_slots, child_slots, forked)
@@ -477,8 +584,9 @@ class Engine:
     rs = dataclasses.replace(rs, cache=cache, live=live)
     if not keep_parents:
       rs = self.release(rs, drop)
+    stepped = self._host_step(rs, host_rows, out) if self.host else None
     tree, budget, obs, obs_len, need_obs, ended, sizes = self._commit_jit(
-        rs.tree, rs.budget, plan, out.tokens, out.logprobs, out.lengths, key, out.entropy)
+        rs.tree, rs.budget, plan, out.tokens, out.logprobs, out.lengths, key, out.entropy, stepped)
     cache = rs.cache
     longest, going = (int(x) for x in jax.device_get(sizes))
     chunk = self.obs_chunk or obs.shape[1]
