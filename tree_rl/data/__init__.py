@@ -2,3 +2,4 @@
 
 from tree_rl.data.frozenlake_maps import FrozenLakeMaps, FrozenLakeMapsConfig, load_frozenlake_maps
 from tree_rl.data.toolcall_qa import ToolcallQa, ToolcallQaConfig, load_kb
+from tree_rl.data.codefix import Codefix, CodefixConfig, CodefixTask, load_codefix
