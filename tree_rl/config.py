@@ -62,6 +62,7 @@ def base_config() -> ml_collections.ConfigDict:
       data_seed=42,             # seed of the fixed FrozenLake map sets (rLLM: 42) and of the toolcall KB
       top_k=3,                  # toolcall: facts returned per search
       max_calls=4,              # toolcall: tool calls per episode (methods compare at equal budgets)
+      scratch_dir="",           # codefix: where the sandbox's workspaces live ("" = a new temp dir per env)
   )
   c.sampler = dict(
       page_size=16,             # tokens per KV page

@@ -2,7 +2,8 @@
 
 Metrics: greedy success, sampled success (mean over `train.eval_samples` episodes per prompt),
 pass@k as `eval/pass_at_k` (any of the k sampled episodes succeeds), mean turns, generated tokens
-and, where the env has tools, tool calls per episode. Prompts run in chunks of `train.eval_chunk` (default all in one rollout per mode; the last one padded); each turn decodes and prefills only
+and, where the env has tools, tool calls per episode; a host env's `info_fields` (codefix:
+visible / hidden test pass fractions) as their mean over the episodes' last states. Prompts run in chunks of `train.eval_chunk` (default all in one rollout per mode; the last one padded); each turn decodes and prefills only
 the live episodes (the engine's power-of-two buckets), and the same weights and key give the
 same numbers. The evaluator runs on the caller's sampler
 cache (bound to the weights to evaluate), so training and evaluation share one cache shape and
@@ -45,6 +46,7 @@ class Evaluator:
     self.local = self.chunk // hosts.count()
     self.k = int(config.train.eval_samples)
     self.has_tools = bool(env.has_tools)
+    self.info_fields = tuple(getattr(env, "info_fields", ()))
     self.modes = {}
     for mode, temperature, group in (("greedy", 0.0, 1), ("sampled", float(config.rollout.temperature), self.k)):
       c = config.copy_and_resolve_references()
@@ -64,7 +66,7 @@ class Evaluator:
   def _rollouts(self, mode: str, cache, key):
     """Per prompt: rewards [N, L], valid [N, L], turns [N, L], per-prompt budget sums; cache."""
     method, engine, layout = self.modes[mode]
-    rewards, valid, turns, calls, generated = [], [], [], [], []
+    rewards, valid, turns, calls, generated, info = [], [], [], [], [], []
     bar = console.progress(self.config, -(-self.num_prompts // self.chunk), f"eval {mode}",
                            leave=False, unit="chunk")
     for lo in range(0, self.num_prompts, self.chunk):
@@ -83,9 +85,12 @@ class Evaluator:
       turns.append(every(gather(out.tree.depth, out.leaf)))
       calls.append(every(out.budget.tool_calls))
       generated.append(every(out.budget.generated))
+      if self.info_fields:
+        info.append(every(gather(out.tree.env_state.info, out.leaf)))
     bar.close()
     cat = np.concatenate
-    return (cat(rewards), cat(valid), cat(turns), cat(calls), cat(generated)), cache
+    return (cat(rewards), cat(valid), cat(turns), cat(calls), cat(generated),
+            cat(info) if info else None), cache
 
   def greedy_success(self, cache, key) -> tuple[float, object]:
     """(greedy success rate, cache) for the weights `cache` is bound to."""
@@ -96,7 +101,7 @@ class Evaluator:
     """(metrics, cache) for the weights `cache` is bound to."""
     out = {}
     for i, mode in enumerate(("greedy", "sampled")):
-      (r, v, turns, calls, generated), cache = self._rollouts(mode, cache, jax.random.fold_in(key, i))
+      (r, v, turns, calls, generated, info), cache = self._rollouts(mode, cache, jax.random.fold_in(key, i))
       episodes = max(int(v.sum()), 1)
       success = (r > 0) & v
       out[f"eval/{mode}_success"] = float(success.sum() / episodes)
@@ -104,6 +109,8 @@ class Evaluator:
       if self.has_tools:
         out[f"eval/{mode}_tool_calls"] = float(calls.sum() / episodes)
       out[f"eval/{mode}_tokens_per_episode"] = float(generated.sum() / episodes)
+      for j, name in enumerate(self.info_fields):
+        out[f"eval/{mode}_{name}"] = float(info[..., j][v].sum() / episodes)
       if mode == "sampled":
         out[f"eval/pass_at_{self.k}"] = float(np.mean(success.any(axis=1)))
     return out, cache

@@ -33,6 +33,12 @@ class TaskSet:
   def num_test(self) -> int:
     return jax.tree.leaves(self.test_states)[0].shape[0]
 
+  def close(self) -> None:
+    """Free what the envs hold outside JAX (a host env's sandbox); device envs hold nothing."""
+    for env in {id(self.train_env): self.train_env, id(self.test_env): self.test_env}.values():
+      if hasattr(env, "close"):
+        env.close()
+
 
 def data_dir(config) -> str:
   return config.env.data_dir or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
@@ -79,3 +85,28 @@ def toolcall_tasks(config, tokenizer, directory) -> TaskSet:
   return TaskSet(train_env, test_env,
                  states(train_env, min(n_train or train_env.num_questions, train_env.num_questions)),
                  states(test_env, min(n_test or test_env.num_questions, test_env.num_questions)))
+
+
+def codefix_tasks(config, tokenizer, directory) -> TaskSet:
+  """The codefix task set (TFDS `codefix`, sized by train.num_train_tasks / num_test_tasks);
+  train and test envs each get their own sandbox (under config.env.scratch_dir/train|test
+  when it is set)."""
+  import numpy as np
+  from tree_rl.data import Codefix, CodefixConfig, load_codefix
+
+  seed = int(config.env.data_seed)
+  n_train = int(config.train.num_train_tasks) or CodefixConfig.num_train
+  n_test = int(config.train.num_test_tasks) or CodefixConfig.num_test
+  name = f"seed{seed}_{n_train}_{n_test}"
+  Codefix(data_dir=directory, config=CodefixConfig(name=name, seed=seed, num_train=n_train,
+                                                   num_test=n_test)
+          ).download_and_prepare(file_format="array_record")
+  scratch = config.env.scratch_dir
+
+  def make(split):
+    return envs.from_config(config, tokenizer, tasks=load_codefix(directory, split, config=name),
+                            scratch_dir=os.path.join(scratch, split) if scratch else "")
+
+  train_env, test_env = make("train"), make("test")
+  states = lambda env: env.initial_states(np.arange(env.num_tasks, dtype=np.int32))  # noqa: E731
+  return TaskSet(train_env, test_env, states(train_env), states(test_env))

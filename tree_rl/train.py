@@ -261,6 +261,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
   from tree_rl.learner.sharding import maybe_initialize_distributed
   maybe_initialize_distributed(config.mesh)   # before anything touches a device
   parts = build_parts(config)   # validates the config first: a bad one writes nothing
+  try:
+    return _train_and_evaluate(config, workdir, parts)
+  finally:
+    parts.tasks.close()   # a host env's workspaces end with the run
+
+
+def _train_and_evaluate(config, workdir: str, parts: Parts) -> dict:
   os.makedirs(workdir, exist_ok=True)
   if hosts.is_main():
     with open(os.path.join(workdir, "config.json"), "w") as f:
@@ -352,8 +359,11 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
   exactly as the training loop does (same eval key): with the run's own config this reproduces
   the eval row logged at that step; raise `train.eval_samples` for a tighter sampled estimate."""
   parts = build_parts(config)
-  step, params = restore_params(parts.train_step, workdir, step, parts.tokenizer)
-  metrics, _ = parts.evaluator(new_cache(parts, params), _eval_key(config))
+  try:
+    step, params = restore_params(parts.train_step, workdir, step, parts.tokenizer)
+    metrics, _ = parts.evaluator(new_cache(parts, params), _eval_key(config))
+  finally:
+    parts.tasks.close()
   return {"step": step} | metrics
 
 

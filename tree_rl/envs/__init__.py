@@ -1,4 +1,5 @@
-"""JAX-native environments that speak tokens on device: FrozenLake and a multi-hop tool-call QA env.
+"""Environments: FrozenLake and a multi-hop tool-call QA env speak tokens on device (JAX-native);
+`codefix` repairs code in real sandboxed workspaces on the host (`HostEnv`, `envs/host.py`).
 
     env = tree_rl.envs.make("frozenlake", preset="rllm", tokenizer=tok)
     state, obs = env.reset(key, env.default_params)
@@ -18,6 +19,7 @@ from tree_rl.envs.frozenlake import FrozenLake, FrozenLakeParams, FrozenLakeStat
 from tree_rl.envs.toolcall import ToolAction, ToolCallEnv, ToolCallParams, ToolCallState
 from tree_rl.envs.toolcall_kb import KnowledgeBase, Question, generate_kb
 from tree_rl.envs.external_tool import ExternalTool
+from tree_rl.envs.host import HostEnv, HostState, is_host_env
 
 register("frozenlake", FrozenLake, config_fields=("preset", "goal_hint"),
          tasks="tree_rl.tasks:frozenlake_tasks",
@@ -30,3 +32,8 @@ register("toolcall", ToolCallEnv,
          heuristic="tree_rl.rollout.scorers:toolcall_progress",
          judge="tree_rl.rollout.scorers:TOOLCALL_JUDGE",
          expert="tree_rl.warmstart.toolcall_expert:ToolCallExpert")
+register("codefix", "tree_rl.envs.codefix:make_codefix", config_fields=("preset", "scratch_dir"),
+         tasks="tree_rl.tasks:codefix_tasks",
+         heuristic="tree_rl.rollout.scorers:codefix_progress",
+         judge="tree_rl.rollout.scorers:CODEFIX_JUDGE",
+         expert="tree_rl.envs.codefix:codefix_expert")

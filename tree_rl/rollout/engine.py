@@ -425,7 +425,7 @@ class Engine:
 
   def start(self, cache, env_states, layout: Layout, prompt_ids=None) -> RolloutState:
     """Roots for every prompt's trees: the prompt prefilled once, forked to the other roots."""
-    p, m = layout.num_prompts, layout.num_trees
+    p = layout.num_prompts
     shards = cache.num_shards
     if prompt_ids is None:
       prompt_ids = np.arange(p, dtype=np.int32)

@@ -97,7 +97,8 @@ def _to_master(a):
 def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
                evaluate: Callable[[nnx.State], float] | None = None
                ) -> tuple[nnx.State, dict[str, Any]]:
-  """Generate `warmstart.num_demos` expert episodes for `config.env.name` on device, then train
+  """Generate `warmstart.num_demos` expert episodes for `config.env.name` (on device; a host env
+  on the host), then train
   for `warmstart.steps` SFT updates (fewer if `evaluate(params) >= warmstart.target_success` at
   one of the checks every `warmstart.eval_every` steps). When checks ran and none met the target,
   the params of the best check come back (the earliest among ties), not the last step's: SFT on
@@ -116,8 +117,10 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
                                                stopped_early=False)
   t0 = time.perf_counter()
   expert = make_expert(config.env.name, env, w.epsilon)
-  gen = DemoGenerator(env, tokenizer, expert, max_len=int(w.max_len),
-                      loss_on_noise=bool(w.loss_on_noise))
+  from tree_rl.envs.host import is_host_env
+  from tree_rl.warmstart.host_demos import HostDemoGenerator
+  make = HostDemoGenerator if is_host_env(env) else DemoGenerator   # a host env plays its expert on the host
+  gen = make(env, tokenizer, expert, max_len=int(w.max_len), loss_on_noise=bool(w.loss_on_noise))
   k_demo, k_train = jax.random.split(key)
   demos: Demos = gen(k_demo, int(w.num_demos))
   if float(jnp.sum(demos.loss_mask)) == 0:

@@ -190,6 +190,12 @@ def toolcall_stage(env, env_params, state, root_state):
   return (state.answered | (state.calls >= params.max_calls)).astype(jnp.int32)
 
 
+def codefix_stage(env, env_params, state, root_state):
+  """0 (diagnose) until the first edit, 1 (edit) after it, 2 (verify) once the tests ran on it."""
+  del env_params, root_state
+  return jnp.clip(env.info(state, "stage").astype(jnp.int32) - 1, 0, 2)
+
+
 _JUDGE_ASK = (" Reply with one integer from 0 (hopeless) to 10 (certain to succeed).<|im_end|>\n"
               "<|im_start|>user\nStage: {stage}\nTrajectory so far:\n{trajectory}\n"
               "Score:<|im_end|>\n<|im_start|>assistant\n")
@@ -204,3 +210,9 @@ TOOLCALL_JUDGE = JudgeTemplate(
          "searches left or an answer given: the answer must follow from the facts found)."
          + _JUDGE_ASK,
     stages=("search", "answer"), stage=toolcall_stage)
+CODEFIX_JUDGE = JudgeTemplate(
+    text="<|im_start|>system\nYou judge an agent repairing a bug in a small Python module with "
+         "tools to read files, replace text, run the visible tests and submit. Its stages: "
+         "diagnose (it reads the code and the tests to find the bug), edit (it changed the code) "
+         "and verify (it ran the tests on its edit; the fix must make them pass)." + _JUDGE_ASK,
+    stages=("diagnose", "edit", "verify"), stage=codefix_stage)

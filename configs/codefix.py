@@ -1,0 +1,44 @@
+"""Code repair in sandboxed workspaces (PATR's software-engineering task, at CPU size).
+
+Each episode is a tiny Python module with one injected bug (`tree_rl.data.codefix_gen`): the agent
+reads files, replaces text, runs the visible tests and submits; the reward is 1 when every hidden
+test passes (the resolve rate). The workspace is real state on the host: a tree branch forks it
+(`tree_rl.envs.codefix`, `tree_rl.envs.sandbox`).
+
+Run:
+  python -m experiments.train --config=configs/codefix.py:algo=patr --workdir=runs/cf
+Smoke:
+  python -m experiments.train --config=configs/codefix.py:algo=tree_grpo,smoke --workdir=runs/cf_smoke
+algo: chain | grpo | tree_grpo | patr | tree_random (and the other configs' algos);
+model: tiny | small | hf (with hf_path=...).
+"""
+
+from configs.common import apply_algo, apply_model, apply_smoke
+from tree_rl.config import base_config, lock, parse_arg
+
+
+def get_config(arg=None):
+  args = parse_arg(arg, algo="patr", model="tiny", hf_path="", smoke=False)
+  c = base_config()
+  c.env.name, c.env.preset = "codefix", "default"
+  # read, test, replace, test, submit and one spare turn; PATR: B0=4, M=2, scored every turn
+  c.rollout.max_turns = 6
+  c.rollout.initial_branches, c.rollout.expand_children, c.rollout.score_every = 4, 2, 1
+  c.rollout.group_size = 8
+  apply_model(c, args.model, args.hf_path)
+  if args.model != "hf":
+    # the longest action, a one-line replace, is ~120 byte-level tokens
+    c.rollout.max_tokens_per_turn = 128
+    c.rollout.prompts_per_step = 4
+    c.rollout.max_branches = 8
+    c.sampler.num_pages = 8192
+    c.sampler.attention = "reference"
+    c.sampler.obs_chunk = 128
+  apply_algo(c, args.algo)
+  c.warmstart.max_len = 1024          # an expert episode: ~800 tokens
+  if args.smoke:
+    apply_smoke(c)
+    c.rollout.max_turns = 3           # read / test / one more: the sandbox runs in every smoke
+    c.warmstart.max_len = 768
+    c.train.num_test_tasks = 4
+  return lock(c)

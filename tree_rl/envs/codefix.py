@@ -1,0 +1,206 @@
+"""Code repair in a real workspace: read files, edit, run the visible tests, submit (a host env).
+
+Each episode is a `tree_rl.data.codefix_gen.CodefixTask`: a tiny Python module with one injected
+bug, its visible tests in the workspace and hidden tests kept outside it. The workspace is a
+directory of a `tree_rl.envs.sandbox.Sandbox`; a branch of a rollout tree forks it (a hard-link
+tree), so two branches never see each other's edits. One action per reply, the first found:
+
+    <read>PATH</read>                       the file's text
+    <replace path="PATH">OLD ||| NEW</replace>   OLD must occur exactly once
+    <test/>                                 the visible tests' results
+    <submit/>                               ends the episode: reward 1 when every hidden test passes
+
+A reply with no action, or a refused one (a path leaving the workspace, an oversized edit), gets
+a one-line message as its observation and changes nothing.
+
+Info scalars (`info_fields`, on device in the rollout tree): `visible_pass` (fraction of the
+visible tests the workspace passes now; run after every edit, cached by file contents),
+`hidden_pass` (at submit), `stage` (0 start, 1 read, 2 edited, 3 tested after the last edit:
+the read -> edit -> test progress PATR's judge and the heuristic score), `resolved`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from typing import Sequence
+
+import numpy as np
+
+from tree_rl.envs.host import HostEnv
+from tree_rl.envs.sandbox import Limits, Sandbox, SandboxError
+
+ACTIONS = re.compile(r'<read>(?P<read>.*?)</read>|<replace path="(?P<path>[^"]*)">(?P<body>.*?)</replace>'
+                     r'|(?P<test><test/>)|(?P<submit><submit/>)', re.S)
+SEPARATOR = " ||| "
+HELP = 'Use one of <read>PATH</read>, <replace path="PATH">OLD ||| NEW</replace>, <test/>, <submit/>.'
+
+
+def parse(reply: str) -> tuple[str, tuple[str, ...]]:
+  """The first action of a reply: (kind, arguments); kind '' when there is none."""
+  m = ACTIONS.search(reply)
+  if m is None:
+    return "", ()
+  if m.group("read") is not None:
+    return "read", (m.group("read").strip(),)
+  if m.group("path") is not None:
+    old, sep, new = m.group("body").partition(SEPARATOR)
+    return ("replace", (m.group("path"), old, new)) if sep else ("bad_replace", ())
+  return ("test", ()) if m.group("test") else ("submit", ())
+
+
+@dataclasses.dataclass
+class _Episode:
+  task: int
+  stage: int = 0
+  visible: float = 0.0
+  hidden: float = 0.0
+  done: bool = False
+
+
+class CodeFix(HostEnv):
+  """The code-repair env over `tasks` (a list of CodefixTask; task ids index it)."""
+
+  name = "codefix"
+  has_tools = True
+  info_fields = ("visible_pass", "hidden_pass", "stage", "resolved")
+
+  def __init__(self, tokenizer, tasks: Sequence, *, max_turns: int = 6, max_reply_tokens: int = 96,
+               prompt_capacity: int = 160, obs_capacity: int = 320, scratch_dir: str = "",
+               limits: Limits = Limits(), workers: int = 2, sandbox: Sandbox | None = None):
+    super().__init__(tokenizer, max_turns)
+    self.tasks = list(tasks)
+    self.max_reply_tokens = int(max_reply_tokens)
+    self.prompt_capacity, self.obs_capacity = int(prompt_capacity), int(obs_capacity)
+    self.sandbox = sandbox or Sandbox(scratch_dir or None, limits, workers)
+    self.episodes: dict[int, _Episode] = {}
+    self._visible: dict[tuple[int, str], float] = {}   # (task, file digest) -> visible pass
+
+  @property
+  def num_tasks(self) -> int:
+    return len(self.tasks)
+
+  def prompt(self, task) -> str:
+    names = ", ".join(sorted(task.files))
+    return f"Fix the bug in {task.path} so that its tests pass. Files: {names}. {HELP}"
+
+  # ------------------------------------------------------------------ the host protocol
+  def reset(self, tasks):
+    handles, texts = [], []
+    for t in np.asarray(tasks).tolist():
+      if not 0 <= t < len(self.tasks):
+        raise ValueError(f"codefix task id {t} is outside the task set's {len(self.tasks)} tasks")
+      h = self.sandbox.create(self.tasks[t].files)
+      self.episodes[h] = _Episode(t)
+      handles.append(h)
+      texts.append(self.prompt(self.tasks[t]))
+    return np.asarray(handles, np.int64), texts
+
+  def fork(self, handles, counts):
+    out = []
+    for h, c in zip(np.asarray(handles).tolist(), np.asarray(counts).tolist()):
+      for _ in range(int(c)):
+        child = self.sandbox.fork(h)
+        self.episodes[child] = dataclasses.replace(self.episodes[h])
+        out.append(child)
+    return np.asarray(out, np.int64)
+
+  def release(self, handles):
+    for h in np.asarray(handles).tolist():
+      self.sandbox.release(h)
+      del self.episodes[h]
+
+  def close(self) -> None:
+    self.episodes.clear()
+    self.sandbox.close()
+
+  def step(self, handles, actions):
+    handles = np.asarray(handles).tolist()
+    obs, reward = [""] * len(handles), np.zeros((len(handles),), np.float32)
+    runs = []   # (row, kind) of the rows whose tests run, all in one pool call
+    for i, (h, reply) in enumerate(zip(handles, actions)):
+      ep = self.episodes[h]
+      kind, args = parse(reply)
+      try:
+        if kind == "read":
+          obs[i] = self.sandbox.read(h, args[0])
+          ep.stage = max(ep.stage, 1)
+        elif kind == "replace":
+          self.sandbox.replace(h, *args)
+          ep.stage = 2
+          runs.append((i, "visible"))
+          obs[i] = f"replaced in {args[0]}"
+        elif kind == "test":
+          runs.append((i, "test"))
+        elif kind == "submit":
+          runs.append((i, "submit"))
+        elif kind == "bad_replace":
+          obs[i] = f"refused: a replace needs OLD{SEPARATOR}NEW. {HELP}"
+        else:
+          obs[i] = f"no action found. {HELP}"
+      except SandboxError as e:
+        obs[i] = str(e)
+    self._run(handles, runs, obs, reward)
+    eps = [self.episodes[h] for h in handles]
+    info = {"visible_pass": np.array([e.visible for e in eps], np.float32),
+            "hidden_pass": np.array([e.hidden for e in eps], np.float32),
+            "stage": np.array([e.stage for e in eps], np.float32),
+            "resolved": reward.copy(),
+            "state_key": np.array([self._key(h) for h in handles], np.int64)}
+    return obs, reward, np.array([e.done for e in eps]), info
+
+  # ------------------------------------------------------------------ tests
+  def _digest(self, h: int) -> str:
+    task = self.tasks[self.episodes[h].task]
+    text = "\0".join(self.sandbox.read(h, p) for p in sorted(task.files))
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()
+
+  def _key(self, h: int) -> int:
+    ep = self.episodes[h]
+    return int(hashlib.sha1(f"{ep.task}:{ep.stage}:{self._digest(h)}".encode()).hexdigest()[:7], 16)
+
+  def _run(self, handles, runs, obs, reward) -> None:
+    """Run the tests the rows asked for (visible after an edit or on <test/>, hidden at submit)."""
+    jobs = []
+    for i, kind in runs:
+      h = handles[i]
+      task = self.tasks[self.episodes[h].task]
+      if kind == "visible" and (self.episodes[h].task, self._digest(h)) in self._visible:
+        self.episodes[h].visible = self._visible[(self.episodes[h].task, self._digest(h))]
+        continue
+      jobs.append((i, kind, task.hidden_tests if kind == "submit" else task.visible_tests))
+    results = self.sandbox.run_tests_many([handles[i] for i, _, _ in jobs], [s for *_, s in jobs])
+    for (i, kind, _), res in zip(jobs, results):
+      ep = self.episodes[handles[i]]
+      if kind == "submit":
+        ep.hidden, ep.done = res.fraction, True
+        reward[i] = float(res.total > 0 and res.passed == res.total)
+        obs[i] = f"submitted: {res.passed}/{res.total} hidden tests pass"
+        continue
+      ep.visible = res.fraction
+      self._visible[(ep.task, self._digest(handles[i]))] = res.fraction
+      if kind == "test":
+        ep.stage = 3 if ep.stage >= 2 else max(ep.stage, 1)
+        obs[i] = res.output
+
+
+# token capacities per preset: `default` fits a module of ~220 characters (byte-level builtin
+# tokenizer) in one observation and the task statement in the prompt
+PRESETS = {"default": dict(prompt_capacity=224, obs_capacity=256)}
+
+
+def make_codefix(tokenizer=None, *, max_turns: int, max_reply_tokens: int, tasks: Sequence = (),
+                 preset: str = "default", scratch_dir: str = "", **kwargs) -> CodeFix:
+  """The registered factory (`config.env`: preset, scratch_dir; the task list from the task set)."""
+  if preset not in PRESETS:
+    raise ValueError(f"config.env.preset={preset!r} for codefix; known: {sorted(PRESETS)}")
+  return CodeFix(tokenizer, tasks, max_turns=max_turns, max_reply_tokens=max_reply_tokens,
+                 scratch_dir=scratch_dir, **(PRESETS[preset] | kwargs))
+
+
+def codefix_expert(env: CodeFix, epsilon: float):
+  """The registered warm-start expert (read, test, fix, test, submit; `epsilon` noise)."""
+  del env
+  from tree_rl.warmstart.codefix_expert import CodefixExpert
+  return CodefixExpert(epsilon)
