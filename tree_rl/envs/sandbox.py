@@ -1,0 +1,814 @@
+"""Workspaces and test runs for a code-repair environment.
+
+A `Sandbox` owns a scratch root; every workspace is a directory under it, addressed by a small int
+handle that is never reused. `fork` is a hard-link tree (files linked, directories created) and the
+tools write by replace (a temp file in the same directory, then `os.replace`), so a fork costs one
+link per file and a write never shows through to a sibling. Files are 0644 and directories 0755,
+owned by the sandbox's user.
+
+Tools (read / write / replace) take workspace-relative paths. `SandboxError` refuses: an empty or
+absolute path, any `..` component, a path whose any existing component is a symlink, a path that
+resolves outside the workspace, a non-regular file, reading a file larger than `file_bytes` and a
+write whose UTF-8 size exceeds it. Its one-line message is what the agent sees.
+
+`run_tests` runs test code given as text: it reaches the runner on stdin and is never written to
+disk, so an agent cannot read hidden tests from the workspace. The runner (`_RUNNER`, run with
+`python -c`) has a root half that sets up, waits and reports, and a test half forked from it that
+execs the source as a module (workspace first on `sys.path`) and calls its `test_*` functions in
+definition order, printing `PASS name` or `FAIL name: ExcType: message`. The root half prints the
+last line, `RESULT <passed> <total>`, from a report sent over a private pipe, so a test that prints
+its own RESULT line and exits scores 0/0; after a time-out or a crash a `sandbox: ...` line says
+why. The set-up lives in the runner rather than in a preexec_fn: spawning needs no fork of a large,
+threaded parent, and the root half stays to reap (an init that never reaps would otherwise keep
+zombies of the tests' uid, which count against RLIMIT_NPROC for good).
+
+Layers, and what each stops:
+
+1. Process: `cwd` = workspace; an environment of PATH, LANG, HOME (the workspace) and
+   PYTHONHASHSEED=0 only; a new session; `-P -s -S -B` (`-I` less `-E`, which would drop
+   PYTHONHASHSEED; the environment is scrubbed instead). The root half SIGKILLs the tests at
+   `timeout_s`, then kills and reaps whatever is left (as a child subreaper where there is no PID
+   namespace); the parent kills the session's group after every run, and everything at
+   `timeout_s` + 5 s. Output is read as it comes and only its first `output_bytes` are kept.
+2. rlimits (test half): CPU (past `cpu_s` the tests end, reported), AS (large allocations raise
+   MemoryError), FSIZE (no file past `file_bytes`), CORE=0, and NPROC when the tests run as nobody.
+3. Unprivileged user: as root, the test half drops to nobody (65534) once the namespaces exist,
+   so RLIMIT_NPROC holds (the kernel never applies it to root: a fork bomb stops at `processes`),
+   the workspace (root-owned, 0644/0755) cannot be written and root-only files cannot be read;
+   no-new-privs makes setuid binaries grant nothing. Kept only when nobody can reach the root.
+4. Namespaces (root; what holds is probed once at start-up): network (a loopback that is down, so
+   nothing connects), PID (the test half is its init: when it exits every process it started dies
+   and is reaped; its own /proc shows no other process) and mount (every mount read-only and
+   nosuid; /dev/shm a small private tmpfs, the one writable place; the stdlib bind-mounted there, so
+   nobody can import it even from under a private home).
+5. An audit hook, installed before the source runs: `open` for reading outside the workspace and
+   the stdlib, `open` for writing anywhere, file-system changes, listing outside directories,
+   subprocess / os.system / os.exec* / os.spawn* / os.posix_spawn, socket connect / bind / sendto,
+   ctypes and os.kill raise PermissionError, which fails the test.
+
+`enforcement()` says which layers hold on this machine; the namespaces count only with the uid drop
+(root could leave them). Not enforced: the audit hook is a tripwire, not a boundary
+(`_posixsubprocess.fork_exec`, for one, starts a process with no audit event; layers 1-4 still hold
+for it). The tests share their process with the code under test, which can read them (their source
+is in that process's memory) and patch them: an adversarial agent could learn hidden tests or forge
+results that way. Without the namespaces a test can reach the network, outlive its run by leaving
+its session (the subreaper still kills what it can find) and signal other runs of its uid; without
+the drop, NPROC is unset and the tests can write the workspace. RLIMIT_NPROC counts every process of
+nobody on the machine, so concurrent runs share that budget; memory is limited per process (AS), not
+per run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Mapping, Sequence
+
+NOBODY = 65534
+CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+_PYTHON_FLAGS = ("-P", "-s", "-S", "-B")
+_SCRATCH = "/dev/shm"
+_SCRATCH_BYTES = 8 << 20
+_BACKSTOP_S = 5.0        # the parent kills the whole run this long after the runner's own time-out
+_TAIL_BYTES = 4096
+
+
+class SandboxError(Exception):
+  """A refused action; str(e) is the one-line message the agent sees as its observation."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  timeout_s: float = 5.0          # wall clock per test run
+  cpu_s: int = 5                  # RLIMIT_CPU
+  memory_bytes: int = 512 << 20   # RLIMIT_AS
+  file_bytes: int = 1 << 20       # RLIMIT_FSIZE for test code; the largest file a tool may write
+  processes: int = 32             # RLIMIT_NPROC
+  output_bytes: int = 2000        # test output kept (truncated, with a marker)
+
+
+@dataclasses.dataclass(frozen=True)
+class TestRun:
+  passed: int
+  total: int
+  output: str
+  timed_out: bool
+
+  @property
+  def fraction(self) -> float:
+    return self.passed / self.total if self.total else 0.0
+
+
+# The runner. argv: workspace timeout cpu memory fsize nproc uid gid unshare_flags read_only
+# scratch scratch_bytes [stdlib dirs...]; uid -1 keeps the user, nproc -1 leaves NPROC unset.
+_RUNNER = r'''
+import _signal, ctypes, os, resource, select, sys, time
+
+NEWNS, NEWPID = 0x00020000, 0x20000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+REFUSED = {"subprocess.Popen", "os.system", "os.posix_spawn", "os.kill", "os.killpg",
+           "signal.pthread_kill", "socket.connect", "socket.bind", "socket.sendto",
+           "socket.sendmsg", "ctypes.dlopen", "ctypes.dlsym", "ctypes.call_function"}
+REFUSED_PREFIXES = ("os.exec", "os.spawn")
+CHANGES = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link",
+           "os.symlink", "os.truncate", "os.utime", "os.setxattr", "os.removexattr",
+           "shutil.rmtree", "shutil.copyfile", "shutil.move"}
+LISTINGS = {"os.listdir", "os.scandir", "glob.glob"}
+XCPU_EXIT = 128 + _signal.SIGXCPU   # the tests' exit status once past the CPU limit
+WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def flush():
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except BaseException:
+      pass
+
+
+def emit(line):
+  flush()
+  try:
+    os.write(1, (line + "\n").encode("utf-8", "replace"))
+  except OSError:
+    pass
+
+
+def one_line(e):
+  try:
+    return " ".join(str(e).splitlines())
+  except BaseException:
+    return "<unprintable>"
+
+
+def call(rc, what):
+  if rc != 0:
+    err = ctypes.get_errno()
+    raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def read_only_mounts():
+  class Attr(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in ("set", "clr", "propagation", "userns_fd")]
+  attr = Attr(1 | 2, 0, 0, 0)   # MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID
+  call(libc.syscall(ctypes.c_long(442), ctypes.c_long(-100), b"/", ctypes.c_long(0x8000),
+                    ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))), "mount_setattr /")
+
+
+def setup(flags, read_only, scratch, scratch_bytes, libdirs):
+  """Namespaces and mounts (root half); returns [(stdlib dir, where the tests see it)]."""
+  if flags:
+    call(libc.unshare(flags), "unshare")
+  if not flags & NEWPID:
+    call(libc.prctl(36, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
+  remap = []
+  if flags & NEWNS:
+    call(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    if read_only:
+      read_only_mounts()
+    if scratch:
+      opts = f"size={scratch_bytes},nr_inodes=4096,mode=1777".encode()
+      call(libc.mount(b"tmpfs", scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts),
+           f"mount tmpfs {scratch}")
+      base = os.path.join(scratch, ".python")
+      os.mkdir(base, 0o755)
+      for i, d in enumerate(libdirs):
+        seen = os.path.join(base, str(i))
+        os.mkdir(seen, 0o755)
+        call(libc.mount(d.encode(), seen.encode(), None, MS_BIND | MS_REC, None), f"bind {d}")
+        remap.append((d, seen))
+  return remap
+
+
+def audit_hook(allowed):
+  def inside(path):
+    real = os.path.realpath(path)
+    return any(real == a or real.startswith(a + os.sep) for a in allowed)
+
+  def hook(event, args):
+    if event in REFUSED or event.startswith(REFUSED_PREFIXES):
+      raise PermissionError(f"sandbox: {event} refused")
+    if event == "open":
+      path, mode, flags = args
+      if isinstance(path, int):
+        return
+      path = os.fsdecode(path)
+      if (flags or 0) & WRITE or any(c in (mode or "") for c in "wax+"):
+        raise PermissionError(f"sandbox: open {path!r} for writing refused")
+      if not inside(path):
+        raise PermissionError(f"sandbox: open {path!r} refused (outside the workspace)")
+    elif event in CHANGES:
+      raise PermissionError(f"sandbox: {event} refused")
+    elif event in LISTINGS:
+      target = "." if not args or args[0] is None else args[0]
+      if not isinstance(target, int) and not inside(os.fsdecode(target) or "."):
+        raise PermissionError(f"sandbox: {event} {os.fsdecode(target)!r} refused")
+  return hook
+
+
+def own_proc():
+  """A /proc of this PID namespace (in a mount namespace of its own), so the host's are hidden."""
+  call(libc.unshare(NEWNS), "unshare")
+  call(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None),
+       "mount /proc")
+
+
+def tests_half(ws, source, limits, uid, gid, remap, nonce, wfd, flags):
+  try:
+    os.setpgid(0, 0)
+    if flags & NEWPID and flags & NEWNS:
+      own_proc()
+    for res, value in limits:
+      resource.setrlimit(res, value)
+    # As a PID namespace's init this process would ignore SIGXCPU's default action.
+    _signal.signal(_signal.SIGXCPU, lambda *_: os._exit(XCPU_EXIT))
+    call(libc.prctl(38, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if uid >= 0:
+      os.setgroups([])
+      os.setgid(gid)
+      os.setuid(uid)
+    def seen(p):
+      for d, s in remap:
+        if p == d or p.startswith(d + os.sep):
+          return s + p[len(d):]
+      return p
+    sys.path[:] = [ws] + [seen(p) for p in sys.path]
+    for m in list(sys.modules.values()):
+      p = getattr(m, "__path__", None)
+      if isinstance(p, list):
+        p[:] = [seen(x) for x in p]
+    sys.path_importer_cache.clear()
+    allowed = [os.path.realpath(ws)] + [os.path.realpath(p) for p in sys.path[1:] if p]
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    sys.addaudithook(audit_hook(allowed))
+  except BaseException as e:
+    emit(f"sandbox: test set-up failed: {type(e).__name__}: {one_line(e)}")
+    os._exit(125)
+  passed = total = 0
+  me = os.getpid()   # a process the tests fork that comes back into this loop exits silently
+  module = type(sys)("__tests__")
+  sys.modules["__tests__"] = module
+  try:
+    exec(compile(source, "<tests>", "exec"), module.__dict__)
+  except BaseException as e:
+    emit(f"ERROR loading tests: {type(e).__name__}: {one_line(e)}")
+  else:
+    tests = [(n, f) for n, f in list(module.__dict__.items())
+             if n.startswith("test_") and callable(f)]
+    total = len(tests)
+    for name, fn in tests:
+      try:
+        fn()
+      except BaseException as e:
+        if os.getpid() != me:
+          os._exit(0)
+        emit(f"FAIL {name}: {type(e).__name__}: {one_line(e)}")
+      else:
+        if os.getpid() != me:
+          os._exit(0)
+        passed += 1
+        emit(f"PASS {name}")
+  if os.getpid() != me:
+    os._exit(0)
+  flush()
+  os.write(wfd, f"{nonce} {passed} {total}\n".encode())
+  os._exit(0)
+
+
+def children():
+  try:
+    with open(f"/proc/self/task/{os.getpid()}/children") as f:
+      return [int(p) for p in f.read().split()]
+  except OSError:
+    return []
+
+
+def kill_leftovers(pgid):
+  """Kill the tests' group and every child of this subreaper (orphans land here); reap them all."""
+  end = time.monotonic() + 2.0
+  while time.monotonic() < end:
+    for kill, target in [(os.killpg, pgid)] + [(os.kill, p) for p in children()]:
+      try:
+        kill(target, 9)
+      except OSError:
+        pass
+    try:
+      while os.waitpid(-1, os.WNOHANG)[0]:
+        pass
+    except ChildProcessError:
+      return
+    time.sleep(0.002)
+
+
+def wait_exit(pid, timeout):
+  """The tests' exit (waitid info, not yet reaped, so its group id stays taken) and whether it was
+  killed at the time-out."""
+  deadline = time.monotonic() + timeout
+  try:
+    pidfd = os.pidfd_open(pid)
+  except (AttributeError, OSError):
+    pidfd = -1
+  while True:
+    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    if info is not None:
+      return info, False
+    left = deadline - time.monotonic()
+    if left <= 0:
+      os.kill(pid, 9)
+      return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT), True
+    if pidfd >= 0:
+      select.select([pidfd], [], [], left)
+    else:
+      time.sleep(min(left, 0.005))
+
+
+def signal_name(n):
+  import signal
+  try:
+    return signal.Signals(n).name
+  except ValueError:
+    return f"signal {n}"
+
+
+def main():
+  ws, timeout, cpu, mem, fsize, nproc, uid, gid, flags, read_only, scratch, scratch_bytes = (
+      sys.argv[1:13])
+  timeout = float(timeout)
+  cpu, nproc, uid, gid, flags = int(cpu), int(nproc), int(uid), int(gid), int(flags)
+  source = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
+  try:
+    remap = setup(flags, read_only == "1", scratch, int(scratch_bytes), sys.argv[13:])
+  except OSError as e:
+    emit(f"sandbox: set-up failed: {one_line(e)}")
+    emit("RESULT 0 0")
+    sys.exit(125)
+  limits = [(resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, (int(mem),) * 2),
+            (resource.RLIMIT_FSIZE, (int(fsize),) * 2), (resource.RLIMIT_CORE, (0, 0))]
+  if nproc >= 0:
+    limits.append((resource.RLIMIT_NPROC, (nproc, nproc)))
+  nonce = os.urandom(8).hex()
+  rfd, wfd = os.pipe()
+  pid = os.fork()
+  if pid == 0:
+    os.close(rfd)
+    tests_half(ws, source, limits, uid, gid, remap, nonce, wfd, flags)
+  os.close(wfd)
+  info, timed_out = wait_exit(pid, timeout)
+  kill_leftovers(pid)
+  os.set_blocking(rfd, False)
+  try:
+    report = os.read(rfd, 256).split(b"\n")[0].decode("ascii", "replace").split()
+  except OSError:
+    report = []
+  if len(report) == 3 and report[0] == nonce:
+    emit(f"RESULT {int(report[1])} {int(report[2])}")
+    sys.exit(0)
+  if timed_out:
+    emit(f"sandbox: timed out after {timeout:g} s; the test processes were killed")
+  elif info.si_code == os.CLD_EXITED and info.si_status == XCPU_EXIT:
+    emit(f"sandbox: the tests ran past the CPU limit of {cpu} s")
+  elif info.si_code == os.CLD_EXITED:
+    emit(f"sandbox: the test process exited with status {info.si_status} before reporting")
+  else:
+    emit(f"sandbox: the test process was killed by {signal_name(info.si_status)}")
+  emit("RESULT 0 0")
+  sys.exit(124 if timed_out else 0)
+
+
+main()
+'''
+
+# Checks, as the tests' user, that a configuration really holds; formatted with its expectations.
+_PROBE_SOURCE = '''
+import os, math, collections
+import probe_module
+def test_probe():
+  assert os.getuid() == {uid} or {uid} < 0
+  assert (os.getpid() == 1) == {pid_ns}
+  if {net_ns}:
+    import socket
+    assert [n for _, n in socket.if_nameindex()] == ["lo"]
+  if {read_only}:
+    assert os.statvfs(".").f_flag & os.ST_RDONLY
+  try:
+    open("/")
+  except PermissionError as e:
+    assert "sandbox" in str(e)
+  else:
+    raise AssertionError("the audit hook is not installed")
+'''
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+  uid: int
+  flags: int
+  read_only: bool
+
+
+class Sandbox:
+  """Workspaces under one scratch root, their file tools and their test runs."""
+
+  def __init__(self, root: str | None = None, limits: Limits = Limits(), workers: int = 2):
+    if workers < 1:
+      raise ValueError(f"workers must be >= 1, got {workers}")
+    self.limits, self.workers = limits, workers
+    self._made_root = root is None or not os.path.exists(root)
+    if root is None:
+      root = tempfile.mkdtemp(prefix="tree_rl_sandbox_")
+    os.makedirs(root, exist_ok=True)
+    if self._made_root:
+      os.chmod(root, 0o755)
+    self.root = os.path.realpath(root)
+    self._spaces: dict[int, str] = {}
+    self._next = 0
+    self._lock = threading.Lock()
+    self._pool: ThreadPoolExecutor | None = None
+    self._closed = False
+    try:
+      self._libdirs = _stdlib_dirs()
+      self._config = self._probe()
+    except BaseException:
+      if self._made_root:
+        shutil.rmtree(self.root, ignore_errors=True)
+      raise
+
+  # -- workspaces --
+
+  def create(self, files: Mapping[str, str]) -> int:
+    """A new workspace holding these text files (relative paths); returns its handle."""
+    handle, ws = self._new()
+    try:
+      for rel, text in files.items():
+        self.write(handle, rel, text)
+    except BaseException:
+      self.release(handle)
+      raise
+    return handle
+
+  def fork(self, handle: int) -> int:
+    """An independent copy of the workspace as it is now: a hard-link tree."""
+    src = self.path(handle)
+    new, dst = self._new()
+    for dirpath, dirnames, filenames in os.walk(src):
+      out = os.path.join(dst, os.path.relpath(dirpath, src))
+      for name in dirnames + filenames:
+        s, d = os.path.join(dirpath, name), os.path.join(out, name)
+        mode = os.lstat(s).st_mode
+        if stat.S_ISLNK(mode):
+          os.symlink(os.readlink(s), d)
+        elif stat.S_ISDIR(mode):
+          os.mkdir(d)
+          os.chmod(d, 0o755)
+        elif stat.S_ISREG(mode):
+          try:
+            os.link(s, d, follow_symlinks=False)
+          except OSError:   # e.g. EMLINK: too many links to one inode
+            shutil.copyfile(s, d, follow_symlinks=False)
+            os.chmod(d, 0o644)
+    return new
+
+  def release(self, handle: int) -> None:
+    """Delete the workspace; an unknown or released handle raises KeyError."""
+    with self._lock:
+      if handle not in self._spaces:
+        raise KeyError(f"unknown or released workspace handle {handle}")
+      ws = self._spaces.pop(handle)
+    shutil.rmtree(ws, ignore_errors=True)
+
+  def release_all(self) -> None:
+    for handle in self.live():
+      self.release(handle)
+
+  def live(self) -> list[int]:
+    with self._lock:
+      return sorted(self._spaces)
+
+  def path(self, handle: int) -> str:
+    with self._lock:
+      if handle not in self._spaces:
+        raise KeyError(f"unknown or released workspace handle {handle}")
+      return self._spaces[handle]
+
+  def _new(self) -> tuple[int, str]:
+    with self._lock:
+      if self._closed:
+        raise RuntimeError("the sandbox is closed")
+      handle, self._next = self._next, self._next + 1
+      ws = os.path.join(self.root, f"w{handle}")
+      os.mkdir(ws)
+      os.chmod(ws, 0o755)
+      self._spaces[handle] = ws
+    return handle, ws
+
+  # -- tools --
+
+  def read(self, handle: int, path: str) -> str:
+    full = self._resolve(handle, path)
+    try:
+      st = os.lstat(full)
+    except FileNotFoundError:
+      raise SandboxError(f"no such file: {path!r}") from None
+    self._check_file(path, st)
+    if st.st_size > self.limits.file_bytes:
+      raise SandboxError(f"refused: {path!r} is larger than {self.limits.file_bytes} bytes")
+    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+      self._check_file(path, os.fstat(f.fileno()))
+      data = f.read(self.limits.file_bytes + 1)
+    if len(data) > self.limits.file_bytes:
+      raise SandboxError(f"refused: {path!r} is larger than {self.limits.file_bytes} bytes")
+    return data.decode("utf-8", "replace")
+
+  def write(self, handle: int, path: str, text: str) -> None:
+    """Write by replace (temp file + os.replace), so hard-linked forks never see the change."""
+    if not isinstance(text, str):
+      raise SandboxError(f"refused: the text for {path!r} is not a string")
+    full = self._resolve(handle, path)
+    data = text.encode("utf-8", "surrogateescape")
+    if len(data) > self.limits.file_bytes:
+      raise SandboxError(f"refused: writing {len(data)} bytes to {path!r} exceeds the "
+                         f"{self.limits.file_bytes}-byte file limit")
+    if os.path.lexists(full):
+      self._check_file(path, os.lstat(full))
+    parent = os.path.dirname(full)
+    self._makedirs(self.path(handle), parent)
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=".write-")
+    try:
+      with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        os.fchmod(f.fileno(), 0o644)
+      os.replace(tmp, full)
+    except BaseException:
+      if os.path.lexists(tmp):
+        os.unlink(tmp)
+      raise
+
+  def replace(self, handle: int, path: str, old: str, new: str) -> None:
+    """Replace `old`, which must occur exactly once in the file, with `new`."""
+    if not old:
+      raise SandboxError("refused: the text to replace is empty")
+    text = self.read(handle, path)
+    count = text.count(old)
+    if count == 0:
+      raise SandboxError(f"replace: the old text was not found in {path!r}")
+    if count > 1:
+      raise SandboxError(
+          f"replace: the old text occurs {count} times in {path!r}; it must occur once")
+    self.write(handle, path, text.replace(old, new, 1))
+
+  def files(self, handle: int) -> list[str]:
+    """Relative paths of the workspace's regular files, sorted."""
+    ws = self.path(handle)
+    out = []
+    for dirpath, _, filenames in os.walk(ws):
+      for name in filenames:
+        full = os.path.join(dirpath, name)
+        if stat.S_ISREG(os.lstat(full).st_mode):
+          out.append(os.path.relpath(full, ws))
+    return sorted(out)
+
+  def _resolve(self, handle: int, path: str) -> str:
+    """The absolute path for a tool's relative path, or SandboxError when the policy refuses it."""
+    ws = self.path(handle)
+    if not isinstance(path, str) or not path:
+      raise SandboxError("refused: empty path")
+    if "\0" in path:
+      raise SandboxError(f"refused: path {path!r} contains a NUL byte")
+    if os.path.isabs(path):
+      raise SandboxError(f"refused: absolute path {path!r}")
+    parts = path.split("/")
+    if ".." in parts:
+      raise SandboxError(f"refused: path {path!r} leaves the workspace")
+    parts = [p for p in parts if p not in ("", ".")]
+    if not parts:
+      raise SandboxError(f"refused: path {path!r} names no file")
+    cur = ws
+    for i, part in enumerate(parts):
+      cur = os.path.join(cur, part)
+      try:
+        mode = os.lstat(cur).st_mode
+      except FileNotFoundError:
+        break
+      prefix = "/".join(parts[:i + 1])
+      if stat.S_ISLNK(mode):
+        raise SandboxError(f"refused: path {path!r} goes through a symlink ({prefix!r})")
+      if i < len(parts) - 1 and not stat.S_ISDIR(mode):
+        raise SandboxError(f"refused: path {path!r}: {prefix!r} is not a directory")
+    full = os.path.join(ws, *parts)
+    if not os.path.realpath(full).startswith(ws + os.sep):
+      raise SandboxError(f"refused: path {path!r} leaves the workspace")
+    return full
+
+  @staticmethod
+  def _check_file(path: str, st: os.stat_result) -> None:
+    if stat.S_ISLNK(st.st_mode):
+      raise SandboxError(f"refused: {path!r} is a symlink")
+    if not stat.S_ISREG(st.st_mode):
+      raise SandboxError(f"refused: {path!r} is not a regular file")
+
+  @staticmethod
+  def _makedirs(ws: str, directory: str) -> None:
+    missing = []
+    while directory != ws and not os.path.isdir(directory):
+      missing.append(directory)
+      directory = os.path.dirname(directory)
+    for d in reversed(missing):
+      os.mkdir(d)
+      os.chmod(d, 0o755)
+
+  # -- test runs --
+
+  def run_tests(self, handle: int, source: str) -> TestRun:
+    """Run test code given as text against the workspace (see the module docstring)."""
+    return self._run(self.path(handle), source, self._config, self.limits)
+
+  def run_tests_many(self, handles: Sequence[int], sources: Sequence[str]) -> list[TestRun]:
+    """run_tests over a pool of `workers` threads; results in the order of `handles`."""
+    if len(handles) != len(sources):
+      raise ValueError(f"{len(handles)} handles but {len(sources)} sources")
+    paths = [self.path(h) for h in handles]
+    with self._lock:
+      if self._pool is None:
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="sandbox")
+      pool = self._pool
+    return list(pool.map(lambda p, s: self._run(p, s, self._config, self.limits), paths, sources))
+
+  def enforcement(self) -> dict[str, bool]:
+    """Which layers hold on this machine (see the module docstring)."""
+    c = self._config
+    user = c.uid >= 0   # root inside a namespace could leave it, so those count only with the drop
+    return {"unprivileged_user": user, "process_limit": user,
+            "network_namespace": user and bool(c.flags & CLONE_NEWNET),
+            "pid_namespace": user and bool(c.flags & CLONE_NEWPID),
+            "read_only_filesystem": user and c.read_only, "rlimits": True, "audit_hook": True}
+
+  def _argv(self, ws: str, config: _Config, lim: Limits) -> list[str]:
+    mounts = bool(config.flags & CLONE_NEWNS)
+    args = [ws, repr(float(lim.timeout_s)), lim.cpu_s, lim.memory_bytes, lim.file_bytes,
+            lim.processes if config.uid >= 0 else -1, config.uid, config.uid, config.flags,
+            int(config.read_only), _SCRATCH if mounts else "", _SCRATCH_BYTES]
+    return ([sys.executable, *_PYTHON_FLAGS, "-c", _RUNNER] + [str(a) for a in args]
+            + (self._libdirs if mounts else []))
+
+  def _run(self, ws: str, source: str, config: _Config, limits: Limits) -> TestRun:
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": ws,
+           "PYTHONHASHSEED": "0"}
+    try:
+      proc = subprocess.Popen(self._argv(ws, config, limits), cwd=ws, env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as e:
+      return TestRun(0, 0, f"sandbox: could not start the test process: {e}", False)
+    with proc:
+      try:
+        proc.stdin.write(source.encode("utf-8", "surrogateescape"))
+        proc.stdin.close()
+      except BrokenPipeError:
+        pass
+      head, tail, size, killed = _collect(proc, limits.output_bytes, limits.timeout_s + _BACKSTOP_S)
+      os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)   # a zombie still holds its group id
+      _killpg(proc.pid)
+      code = proc.wait()
+    return _result(head, tail, size, killed, code, limits)
+
+  # -- start-up probe --
+
+  def _probe(self) -> _Config:
+    """The strongest configuration whose probe test passes here (see _PROBE_SOURCE)."""
+    net, pid, mnt = CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWNS
+    levels = [(net | pid | mnt, True), (net | pid | mnt, False), (net | pid, False), (net, False),
+              (0, False)] if os.geteuid() == 0 else [(0, False)]
+    users = [NOBODY, -1] if os.geteuid() == 0 and _reachable(self.root) else [-1]
+    candidates = [_Config(u, f, ro) for u in users for f, ro in levels]
+    ws = tempfile.mkdtemp(prefix="probe-", dir=self.root)
+    os.chmod(ws, 0o755)
+    with open(os.path.join(ws, "probe_module.py"), "w") as f:
+      os.fchmod(f.fileno(), 0o644)
+    try:
+      for config in candidates:
+        source = _PROBE_SOURCE.format(uid=config.uid, pid_ns=bool(config.flags & pid),
+                                      net_ns=bool(config.flags & net), read_only=config.read_only)
+        run = self._run(ws, source, config, Limits())
+        if (run.passed, run.total) == (1, 1):
+          return config
+      raise RuntimeError(f"sandbox: no configuration runs tests here; last output: {run.output!r}")
+    finally:
+      shutil.rmtree(ws, ignore_errors=True)
+
+  # -- life cycle --
+
+  def close(self) -> None:
+    """Release every workspace and remove the root (when this sandbox made it)."""
+    with self._lock:
+      if self._closed:
+        return
+      self._closed = True
+      pool, self._pool = self._pool, None
+    if pool is not None:
+      pool.shutdown(wait=True)
+    self.release_all()
+    if self._made_root:
+      shutil.rmtree(self.root, ignore_errors=True)
+
+  def __enter__(self) -> Sandbox:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def _collect(proc: subprocess.Popen, cap: int, limit_s: float) -> tuple[bytes, bytes, int, bool]:
+  """Read the run's output until EOF, keeping its head and tail; kill the whole run past limit_s."""
+  fd = proc.stdout.fileno()
+  poll = select.poll()
+  poll.register(fd, select.POLLIN)
+  head, tail, size = bytearray(), b"", 0
+  deadline = time.monotonic() + limit_s
+  while True:
+    left = deadline - time.monotonic()
+    if left <= 0:
+      for child in _children(proc.pid):   # the tests' process: killing it ends its namespace
+        _kill(child)
+      _killpg(proc.pid)
+      return bytes(head), tail, size, True
+    if not poll.poll(left * 1000):
+      continue
+    chunk = os.read(fd, 1 << 16)
+    if not chunk:
+      return bytes(head), tail, size, False
+    size += len(chunk)
+    if len(head) < cap:
+      head += chunk[:cap - len(head)]
+    tail = (tail + chunk)[-_TAIL_BYTES:]
+
+
+def _result(head: bytes, tail: bytes, size: int, killed: bool, code: int,
+            limits: Limits) -> TestRun:
+  """The TestRun of a run's output: counts from its last line (the RESULT line), output cut."""
+  cap = limits.output_bytes
+  lines = tail.decode("utf-8", "replace").rstrip("\n").split("\n")
+  passed = total = 0
+  words = lines[-1].split() if lines else []
+  if not killed and len(words) == 3 and words[0] == "RESULT" and all(map(str.isdigit, words[1:])):
+    passed, total = int(words[1]), int(words[2])
+  output = head.decode("utf-8", "replace")
+  if size > cap:   # the marker repeats the runner's closing lines (a reason, RESULT)
+    trailer = [l[:200] for l in lines[-2:] if l.startswith(("sandbox: ", "RESULT "))]
+    output += "\n".join([f"\n[output truncated: {size - cap} more bytes]"] + trailer)
+  if killed:
+    output += f"\nsandbox: no result within {limits.timeout_s + _BACKSTOP_S:g} s; killed"
+  return TestRun(passed, total, output, killed or code == 124)
+
+
+def _stdlib_dirs() -> list[str]:
+  """The runner's import path (stdlib and its extension modules), outermost directories only."""
+  code = "import sys; print(*sys.path, sep='\\n')"
+  out = subprocess.run([sys.executable, *_PYTHON_FLAGS, "-c", code], capture_output=True, text=True,
+                       check=True, env={}).stdout.split("\n")
+  dirs = [d for d in out if d and os.path.isdir(d)]
+  return [d for d in dirs if not any(d.startswith(o + os.sep) for o in dirs if o != d)]
+
+
+def _reachable(path: str) -> bool:
+  """Whether any user may traverse every directory down to `path` (o+x all the way)."""
+  while True:
+    if not os.stat(path).st_mode & stat.S_IXOTH:
+      return False
+    if path == os.path.dirname(path):
+      return True
+    path = os.path.dirname(path)
+
+
+def _children(pid: int) -> list[int]:
+  try:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+      return [int(p) for p in f.read().split()]
+  except OSError:
+    return []
+
+
+def _kill(pid: int) -> None:
+  try:
+    os.kill(pid, signal.SIGKILL)
+  except (ProcessLookupError, PermissionError):
+    pass
+
+
+def _killpg(pgid: int) -> None:
+  try:
+    os.killpg(pgid, signal.SIGKILL)
+  except (ProcessLookupError, PermissionError):
+    pass
