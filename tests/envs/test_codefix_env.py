@@ -17,10 +17,11 @@ TASKS = generate(seed=3, num_train=12, num_test=2)["train"]
 
 
 @pytest.fixture
-def env(tmp_path):
-  e = CodeFix(TOK, TASKS, max_turns=6, scratch_dir=str(tmp_path / "scratch"))
+def env():
+  e = CodeFix(TOK, TASKS, max_turns=6)   # a fresh temp root: tests run as nobody, fully fenced
   yield e
   e.close()
+  assert not os.path.exists(e.sandbox.root)
 
 
 def test_parse_takes_the_first_action():
@@ -58,7 +59,8 @@ def test_a_wrong_or_missing_fix_is_not_resolved(env):
   t = TASKS[1]
   obs, reward, done, _ = env.step(handles, ["<submit/>", f'<replace path="solution.py">{t.buggy} ||| {t.buggy}  </replace>'])
   assert reward.tolist() == [0.0, 0.0] and done.tolist() == [True, False]
-  assert obs[0].startswith("submitted: ") and not obs[0].startswith(f"submitted: {len(t.hidden_tests)}")
+  passed, total = map(int, obs[0].split()[1].split("/"))   # "submitted: p/t hidden tests pass"
+  assert obs[0].startswith("submitted: ") and 0 <= passed < total
   env.release(handles)
 
 
@@ -122,5 +124,6 @@ def test_expert_demos_play_the_real_env(env):
   for i in range(6):
     text = TOK.decode(demos.tokens[i, :demos.length[i]].tolist())
     trained = TOK.decode(demos.tokens[i][demos.loss_mask[i] > 0].tolist())
-    assert "<submit/>" in trained and "submitted: " in text and "submitted" not in trained
+    # the last reply is the submit; no observation follows the episode's end
+    assert trained.endswith("<submit/><|im_end|>") and text.endswith("<submit/><|im_end|>")
   assert env.sandbox.live() == []
