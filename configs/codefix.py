@@ -27,15 +27,25 @@ def get_config(arg=None):
   c.rollout.group_size = 8
   apply_model(c, args.model, args.hf_path)
   if args.model != "hf":
-    # the longest action, a one-line replace, is ~120 byte-level tokens
-    c.rollout.max_tokens_per_turn = 128
+    # the longest action, a one-line replace, takes up to ~180 byte-level tokens (23% of the
+    # tasks' fixes are longer than 128)
+    c.rollout.max_tokens_per_turn = 192
     c.rollout.prompts_per_step = 4
     c.rollout.max_branches = 8
     c.sampler.num_pages = 8192
     c.sampler.attention = "reference"
     c.sampler.obs_chunk = 128
+    # tree-packed learner rows as long as the longest trajectory (224 + 6 x (192 + 256) = 2,912
+    # tokens): per-leaf rows padded to a power of two were [32+, 4096] with dense attention, and
+    # a first trial run peaked at 14 GB
+    c.learner.packed = True
+    c.learner.row_tokens, c.learner.microbatch_rows, c.learner.microbatches = 2944, 4, 1
+    c.warmstart.steps, c.warmstart.batch_size = 150, 8
+    c.train.num_steps, c.train.eval_every = 8, 4
+    c.train.eval_prompts, c.train.eval_samples = 32, 2
+    c.checkpoint.every_steps = 4
   apply_algo(c, args.algo)
-  c.warmstart.max_len = 1024          # an expert episode: ~800 tokens
+  c.warmstart.max_len = 1024          # an expert episode: ~660 tokens on average
   if args.smoke:
     apply_smoke(c)
     c.rollout.max_turns = 3           # read / test / one more: the sandbox runs in every smoke

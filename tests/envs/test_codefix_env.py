@@ -18,7 +18,8 @@ TASKS = generate(seed=3, num_train=12, num_test=2)["train"]
 
 @pytest.fixture
 def env():
-  e = CodeFix(TOK, TASKS, max_turns=6)   # a fresh temp root: tests run as nobody, fully fenced
+  # a fresh temp root: tests run as nobody, fully fenced
+  e = CodeFix(TOK, TASKS, max_turns=6, max_reply_tokens=192)
   yield e
   e.close()
   assert not os.path.exists(e.sandbox.root)
@@ -127,3 +128,26 @@ def test_expert_demos_play_the_real_env(env):
     # the last reply is the submit; no observation follows the episode's end
     assert trained.endswith("<submit/><|im_end|>") and text.endswith("<submit/><|im_end|>")
   assert env.sandbox.live() == []
+
+
+def test_demos_with_a_reply_longer_than_a_turn_are_refused():
+  from tree_rl.warmstart.host_demos import HostDemoGenerator
+  env = CodeFix(TOK, TASKS, max_turns=6, max_reply_tokens=16)   # a replace takes ~60-180
+  try:
+    with pytest.raises(ValueError, match="raise config.rollout.max_tokens_per_turn"):
+      HostDemoGenerator(env, TOK, CodefixExpert(0.0), max_len=1024)(jax.random.key(0), 2)
+    assert env.sandbox.live() == []
+  finally:
+    env.close()
+
+
+def test_tool_calls_count_actions_and_keys_name_situations(env):
+  handles, _ = env.reset(np.array([4, 4, 5]))
+  start = env.start_keys(handles)
+  assert start[0] == start[1] != start[2]          # same task, same files, same stage
+  _, _, _, info = env.step(handles, ["thinking...", "<read>solution.py</read>", "<test/>"])
+  np.testing.assert_array_equal(info["tool_calls"], [0, 1, 1])
+  # no action: the situation is the start's; a read moves to stage 1, a new situation
+  assert info["state_key"][0] == start[0] and info["state_key"][1] != start[1]
+  assert env.action_key("so <test/>") == env.action_key("<test/> now") != env.action_key("<submit/>")
+  env.release(handles)

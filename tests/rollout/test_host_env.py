@@ -13,7 +13,7 @@ from rollout_helpers import CAPACITY, moves_model, rollout_config  # noqa: E402
 
 from tree_rl.envs.host import HostEnv  # noqa: E402
 from tree_rl.models.tokenizers import BuiltinTokenizer  # noqa: E402
-from tree_rl.rollout import methods  # noqa: E402
+from tree_rl.rollout import methods, scorers  # noqa: E402
 from tree_rl.rollout.capacity import new_cache  # noqa: E402
 from tree_rl.rollout.driver import run  # noqa: E402
 from tree_rl.rollout.engine import Engine, Layout  # noqa: E402
@@ -76,23 +76,33 @@ def parts():
   return model, [cache]
 
 
-def rollout(env, method="tree_grpo", seed=0):
+def rollout(env, method="tree_grpo", seed=0, budget=0, **engine_kw):
   _, box = parts()
-  engine = Engine(env, TOK, max_turns=3, max_tokens_per_turn=6, attention="reference")
-  policy = methods.get(method)(rollout_config().rollout)
+  cfg = rollout_config()
+  policy = methods.get(method)(cfg.rollout)
+  engine = Engine(env, TOK, max_turns=3, max_tokens_per_turn=6, attention="reference",
+                  entropy_tokens=policy.entropy_tokens, **engine_kw)
+  scorer = None
+  if policy.score_every:
+    cfg.scorer.name = policy.scorer_override or "random"
+    scorer = scorers.build(cfg.scorer, env=env)
   try:
     out, box[0] = run(engine, policy, box[0], env.initial_states(np.array([3, 5])),
-                      jax.random.key(seed), capacity=CAPACITY)
+                      jax.random.key(seed), capacity=CAPACITY, scorer=scorer, budget=budget)
   except BaseException:   # the failed rollout's cache was donated: start the next from a fresh one
     parts.cache_clear()
     raise
   return jax.device_get(out)
 
 
-@pytest.mark.parametrize("method", ["tree_grpo", "chain"])
-def test_each_node_holds_exactly_its_own_path_and_no_handle_survives(method):
+CASES = [("tree_grpo", {}), ("chain", {}), ("tree_random", {}), ("arpo", {}),
+         ("chain", dict(share_prefix=False, budget=40)), ("tree_grpo", dict(row_buckets="full"))]
+
+
+@pytest.mark.parametrize("method,kw", CASES)
+def test_each_node_holds_exactly_its_own_path_and_no_handle_survives(method, kw):
   env = Notebook(TOK)
-  out = rollout(env, method)
+  out = rollout(env, method, **kw)
   t = out.tree
   assert env.live() == []
   branched = 0
@@ -109,8 +119,8 @@ def test_each_node_holds_exactly_its_own_path_and_no_handle_survives(method):
       assert t.finished[p, i] == ("Right" in path[0])
       assert t.reward[p, i] == float("Down" in path[0])
     branched += int(((t.num_children[p] > 1) & (t.depth[p] > 0)).sum())
-  # tree_grpo branches mid-episode (siblings fork one workspace); chains only at the root
-  assert branched > 0 if method == "tree_grpo" else branched == 0
+  # tree_grpo branches mid-episode (siblings fork one notebook); chains only at the root
+  assert branched > 0 if method == "tree_grpo" else method != "chain" or branched == 0
 
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
@@ -119,3 +129,11 @@ def test_a_failed_or_interrupted_rollout_releases_every_handle(error):
   with pytest.raises(error, match="notebook broke"):
     rollout(env)
   assert env.steps == 2 and env.live() == []
+
+
+def test_a_long_observation_is_cut_with_a_marker_and_keeps_the_generation_prompt():
+  env = Notebook(TOK)
+  toks, lens = env.observation_tokens(["x" * 100, "ok"], np.array([True, False]))
+  long, short = TOK.decode(toks[0, :lens[0]].tolist()), TOK.decode(toks[1, :lens[1]].tolist())
+  assert lens[0] == env.obs_capacity and long.endswith("[cut]<|im_end|>\n<|im_start|>assistant\n")
+  assert short == "<|im_end|>\n<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n"

@@ -15,12 +15,15 @@ a one-line message as its observation and changes nothing.
 
 Info scalars (`info_fields`, on device in the rollout tree): `visible_pass` (fraction of the
 visible tests the workspace passes now; run after every edit, cached by file contents),
-`hidden_pass` (at submit), `stage` (0 start, 1 read, 2 edited, 3 tested after the last edit:
-the read -> edit -> test progress PATR's judge and the heuristic score), `resolved`.
+`hidden_pass` (at submit), `stage` (0 start, 1 read a file or ran the tests, 2 edited, 3 tested
+after the last edit: the read -> edit -> test progress PATR's judge and the heuristic score),
+`resolved`. A parsed action is one tool call (a reply without one is none); the situation key is
+a hash of the task, the stage and the files' contents.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import re
@@ -34,6 +37,7 @@ from tree_rl.envs.sandbox import Limits, Sandbox, SandboxError
 ACTIONS = re.compile(r'<read>(?P<read>.*?)</read>|<replace path="(?P<path>[^"]*)">(?P<body>.*?)</replace>'
                      r'|(?P<test><test/>)|(?P<submit><submit/>)', re.S)
 SEPARATOR = " ||| "
+VISIBLE_CACHE = 4096   # file contents whose visible pass fraction is remembered
 HELP = 'Use one of <read>PATH</read>, <replace path="PATH">OLD ||| NEW</replace>, <test/>, <submit/>.'
 
 
@@ -75,7 +79,8 @@ class CodeFix(HostEnv):
     self.prompt_capacity, self.obs_capacity = int(prompt_capacity), int(obs_capacity)
     self.sandbox = sandbox or Sandbox(scratch_dir or None, limits, workers)
     self.episodes: dict[int, _Episode] = {}
-    self._visible: dict[tuple[int, str], float] = {}   # (task, file digest) -> visible pass
+    # (task, file digest) -> visible pass fraction, for the last VISIBLE_CACHE contents measured
+    self._visible: collections.OrderedDict[tuple[int, str], float] = collections.OrderedDict()
 
   @property
   def num_tasks(self) -> int:
@@ -99,12 +104,22 @@ class CodeFix(HostEnv):
 
   def fork(self, handles, counts):
     out = []
-    for h, c in zip(np.asarray(handles).tolist(), np.asarray(counts).tolist()):
-      for _ in range(int(c)):
-        child = self.sandbox.fork(h)
-        self.episodes[child] = dataclasses.replace(self.episodes[h])
-        out.append(child)
+    try:
+      for h, c in zip(np.asarray(handles).tolist(), np.asarray(counts).tolist()):
+        for _ in range(int(c)):
+          child = self.sandbox.fork(h)
+          self.episodes[child] = dataclasses.replace(self.episodes[h])
+          out.append(child)
+    except BaseException:   # the copies made so far never reach the caller
+      self.release(out)
+      raise
     return np.asarray(out, np.int64)
+
+  def start_keys(self, handles):
+    return np.array([self._key(h) for h in np.asarray(handles).tolist()], np.int32)
+
+  def action_key(self, reply: str) -> str:
+    return repr(parse(reply))
 
   def release(self, handles):
     for h in np.asarray(handles).tolist():
@@ -119,9 +134,11 @@ class CodeFix(HostEnv):
     handles = np.asarray(handles).tolist()
     obs, reward = [""] * len(handles), np.zeros((len(handles),), np.float32)
     runs = []   # (row, kind) of the rows whose tests run, all in one pool call
+    calls = np.zeros((len(handles),), np.int32)
     for i, (h, reply) in enumerate(zip(handles, actions)):
       ep = self.episodes[h]
       kind, args = parse(reply)
+      calls[i] = kind in ("read", "replace", "test", "submit")
       try:
         if kind == "read":
           obs[i] = self.sandbox.read(h, args[0])
@@ -146,7 +163,7 @@ class CodeFix(HostEnv):
     info = {"visible_pass": np.array([e.visible for e in eps], np.float32),
             "hidden_pass": np.array([e.hidden for e in eps], np.float32),
             "stage": np.array([e.stage for e in eps], np.float32),
-            "resolved": reward.copy(),
+            "resolved": reward.copy(), "tool_calls": calls,
             "state_key": np.array([self._key(h) for h in handles], np.int64)}
     return obs, reward, np.array([e.done for e in eps]), info
 
@@ -164,14 +181,16 @@ class CodeFix(HostEnv):
     """Run the tests the rows asked for (visible after an edit or on <test/>, hidden at submit)."""
     jobs = []
     for i, kind in runs:
-      h = handles[i]
-      task = self.tasks[self.episodes[h].task]
-      if kind == "visible" and (self.episodes[h].task, self._digest(h)) in self._visible:
-        self.episodes[h].visible = self._visible[(self.episodes[h].task, self._digest(h))]
+      ep = self.episodes[handles[i]]
+      key = (ep.task, self._digest(handles[i]))
+      if kind == "visible" and key in self._visible:
+        ep.visible = self._visible[key]
+        self._visible.move_to_end(key)
         continue
-      jobs.append((i, kind, task.hidden_tests if kind == "submit" else task.visible_tests))
-    results = self.sandbox.run_tests_many([handles[i] for i, _, _ in jobs], [s for *_, s in jobs])
-    for (i, kind, _), res in zip(jobs, results):
+      task = self.tasks[ep.task]
+      jobs.append((i, kind, key, task.hidden_tests if kind == "submit" else task.visible_tests))
+    results = self.sandbox.run_tests_many([handles[i] for i, *_ in jobs], [s for *_, s in jobs])
+    for (i, kind, key, _), res in zip(jobs, results):
       ep = self.episodes[handles[i]]
       if kind == "submit":
         ep.hidden, ep.done = res.fraction, True
@@ -179,7 +198,10 @@ class CodeFix(HostEnv):
         obs[i] = f"submitted: {res.passed}/{res.total} hidden tests pass"
         continue
       ep.visible = res.fraction
-      self._visible[(ep.task, self._digest(handles[i]))] = res.fraction
+      if res.total > 0 and not res.timed_out:   # a crash or a busy machine is not a measurement
+        self._visible[key] = res.fraction
+        while len(self._visible) > VISIBLE_CACHE:
+          self._visible.popitem(last=False)
       if kind == "test":
         ep.stage = 3 if ep.stage >= 2 else max(ep.stage, 1)
         obs[i] = res.output

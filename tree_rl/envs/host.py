@@ -21,7 +21,8 @@ the child's copy in place, and releases a handle when it frees the node's pages 
 handle on an error or Ctrl-C), so a rollout leaves nothing behind.
 
 Text and tokens: `prompt_tokens` / `observation_tokens` render text with the tokenizer's chat
-markup into fixed capacities (content cut to fit, the generation prompt always kept);
+markup into fixed capacities (content cut to fit, ending in "[cut]"; the generation prompt always
+kept);
 `reply_text` decodes a reply for `step`.
 """
 
@@ -68,6 +69,9 @@ class HostStep:
   tool_calls: jax.Array
 
 
+CUT = "\n[cut]"   # ends a message cut to its token capacity
+
+
 def text_hash(text: str) -> int:
   """An int32 hash of a text (equal texts hash equal)."""
   return zlib.crc32(text.encode("utf-8")) & 0x7FFFFFFF
@@ -105,6 +109,17 @@ class HostEnv(abc.ABC):
   @abc.abstractmethod
   def release(self, handles: np.ndarray) -> None:
     """Free the state behind `handles`."""
+
+  # ------------------------------------------------------------------ optional hooks
+  def start_keys(self, handles: np.ndarray) -> np.ndarray:
+    """Situation keys (int32 [B]) of freshly reset episodes: what `step` would report as
+    `info["state_key"]` for the same situation. Default: 0."""
+    return np.zeros((len(handles),), np.int32)
+
+  def action_key(self, reply: str) -> str:
+    """The part of a reply that names its action (equal keys: the same action, for repeated-
+    action counts). Default: the whole text."""
+    return reply
 
   # ------------------------------------------------------------------ what the engine calls
   @property
@@ -148,12 +163,15 @@ class HostEnv(abc.ABC):
     return self._enc[text]
 
   def _render(self, head: str, contents: Sequence[str], capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    tail = self._ids(self.markup.gen_suffix)
+    tail, cut = self._ids(self.markup.gen_suffix), self._ids(CUT)
+    room = capacity - len(tail)
     out = np.full((len(contents), capacity), self.tokenizer.pad_id, np.int32)
     lens = np.zeros((len(contents),), np.int32)
     for i, text in enumerate(contents):
       ids = self._ids(head) + self.tokenizer.encode(text)
-      ids = ids[:capacity - len(tail)] + tail
+      if len(ids) > room:   # cut, and say so
+        ids = ids[:room - len(cut)] + cut
+      ids = ids + tail
       out[i, :len(ids)], lens[i] = ids, len(ids)
     return out, lens
 

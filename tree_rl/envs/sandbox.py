@@ -462,6 +462,15 @@ class Sandbox:
     """An independent copy of the workspace as it is now: a hard-link tree."""
     src = self.path(handle)
     new, dst = self._new()
+    try:
+      self._link_tree(src, dst)
+    except BaseException:   # a half-built copy is not left registered
+      self.release(new)
+      raise
+    return new
+
+  @staticmethod
+  def _link_tree(src: str, dst: str) -> None:
     for dirpath, dirnames, filenames in os.walk(src):
       out = os.path.join(dst, os.path.relpath(dirpath, src))
       for name in dirnames + filenames:
@@ -478,7 +487,6 @@ class Sandbox:
           except OSError:   # e.g. EMLINK: too many links to one inode
             shutil.copyfile(s, d, follow_symlinks=False)
             os.chmod(d, 0o644)
-    return new
 
   def release(self, handle: int) -> None:
     """Delete the workspace; an unknown or released handle raises KeyError."""
@@ -506,9 +514,14 @@ class Sandbox:
     with self._lock:
       if self._closed:
         raise RuntimeError("the sandbox is closed")
-      handle, self._next = self._next, self._next + 1
-      ws = os.path.join(self.root, f"w{handle}")
-      os.mkdir(ws)
+      while True:   # a shared or stale root (a killed run) may hold w<n> already: skip it
+        handle, self._next = self._next, self._next + 1
+        ws = os.path.join(self.root, f"w{handle}")
+        try:
+          os.mkdir(ws)
+          break
+        except FileExistsError:
+          continue
       os.chmod(ws, 0o755)
       self._spaces[handle] = ws
     return handle, ws

@@ -438,7 +438,8 @@ class Engine:
                        f"capacity): size it with rollout.capacity.new_cache")
     handles = toks = lens = None
     if self.host:
-      handles, toks, lens = self._host_reset(env_states, layout)
+      handles, toks, lens, keys = self._host_reset(env_states, layout)
+      env_states = env_states.replace(key=jnp.asarray(keys))
     try:
       return self._start(cache, env_states, layout, prompt_ids, handles, toks, lens)
     except BaseException:
@@ -487,8 +488,8 @@ class Engine:
 
   # ------------------------------------------------------------------ host environments
   def _host_reset(self, env_states, layout: Layout):
-    """Start the episodes of a host env: handles [P, N] (every root its own copy) and the
-    rendered prompts."""
+    """Start the episodes of a host env: handles [P, N] (every root its own copy), the
+    rendered prompts and the roots' situation keys."""
     tasks = np.asarray(jax.device_get(env_states.task))
     first, texts = self.env.reset(tasks)
     handles = np.full((layout.num_prompts, layout.capacity), -1, np.int64)
@@ -499,10 +500,11 @@ class Engine:
         more = self.env.fork(handles[:, 0], np.full((layout.num_prompts,), m - 1))
         handles[:, 1:m] = np.asarray(more).reshape(layout.num_prompts, m - 1)
       toks, lens = self.env.prompt_tokens(texts)
+      keys = np.asarray(self.env.start_keys(first), np.int32)
     except BaseException:
       self.env.release(handles[handles >= 0])
       raise
-    return handles, toks, lens
+    return handles, toks, lens, keys
 
   def _host_fork(self, rs: RolloutState, plan: TurnPlan):
     """Every planned child gets its own copy of its parent's host state (where its pages fork)."""
@@ -538,7 +540,7 @@ class Engine:
         info=full(info_rows, np.float32, (len(fields),)),
         key=full(info.get("state_key", handles), np.int32),
         obs=full(obs_rows, np.int32, (self.obs_capacity,)), obs_len=full(obs_len_rows, np.int32),
-        action=full([text_hash(t) for t in texts], np.int32),
+        action=full([text_hash(self.env.action_key(t)) for t in texts], np.int32),
         tool_calls=full(info.get("tool_calls", 1), np.int32))
 
   def _release_handles(self, rs: RolloutState, mask: np.ndarray) -> None:

@@ -3,7 +3,9 @@
 The host counterpart of `demos.DemoGenerator`, with the same sequence layout and masks
 (prompt | reply_1 obs_1 | ... | reply_n, replies trained, noisy replies too only with
 `loss_on_noise`). The expert gives whole plans, `expert.plan(task, rng) -> [(text, noisy)]`
-(cut at the env's turn limit); episodes draw their tasks uniformly from the env's task list.
+(cut at the env's turn limit); episodes draw their tasks uniformly from the env's task list. A
+reply longer than a turn may generate (`env.max_reply_tokens`) is refused up front: the policy
+could never give it.
 There is no reply table on the host: `Demos.rows` holds the turn index and `intended` -1.
 """
 
@@ -25,6 +27,7 @@ class HostDemoGenerator:
     self.env, self.tokenizer, self.expert = env, tokenizer, expert
     self.max_len, self.loss_on_noise = int(max_len), bool(loss_on_noise)
     self.max_turns = env.max_turns
+    self.max_reply = int(getattr(env, "max_reply_tokens", 1 << 30))   # a reply the policy can give
 
   def __call__(self, key, num_episodes: int) -> Demos:
     env, n, t_max = self.env, int(num_episodes), self.max_turns
@@ -50,6 +53,9 @@ class HostDemoGenerator:
         for j, i in enumerate(go):
           text, is_noise = plans[i][t]
           ids = self.tokenizer.encode(text) + [self.tokenizer.end_of_turn_id]
+          if len(ids) > self.max_reply:
+            raise ValueError(f"an expert reply takes {len(ids)} tokens, more than a turn may "
+                             f"generate ({self.max_reply}): raise config.rollout.max_tokens_per_turn")
           seqs[i] += ids
           reply[i] += [1] * len(ids)
           train[i] += [int(self.loss_on_noise or not is_noise)] * len(ids)
