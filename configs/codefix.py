@@ -48,7 +48,10 @@ def get_config(arg=None):
   c.warmstart.max_len = 1024          # an expert episode: ~660 tokens on average
   if args.smoke:
     apply_smoke(c)
-    c.rollout.max_turns = 3           # read / test / one more: the sandbox runs in every smoke
+    # two turns of 32 tokens: the expert's read and test fit (its fix would not: noise off), so
+    # the demos run the sandbox's tests in every smoke
+    c.rollout.max_turns, c.rollout.max_tokens_per_turn = 2, 32
+    c.warmstart.epsilon = 0.0
     c.warmstart.max_len = 768
     c.train.num_test_tasks = 4
   return lock(c)

@@ -57,14 +57,18 @@ def build_parts(config) -> Parts:
   tokenizer = build_tokenizer(config)
   model, model_config = build_model(config, tokenizer, seed=int(config.seed))
   task_set = tasks.build(config, tokenizer)
-  method, engine, layout = rollout_build.make_training_engine(config, task_set.train_env, tokenizer)
-  scorer = rollout_build.make_scorer(config, method, env=task_set.train_env, tokenizer=tokenizer,
-                                     policy_model=model)
-  validate(config, engine=engine, layout=layout)
-  train_step = make_train_step(config, model)
-  mesh = capacity.rollout_mesh(config)
-  evaluator = Evaluator(config, task_set.test_env, task_set.test_states, tokenizer,
-                        shards=_shards(mesh))
+  try:
+    method, engine, layout = rollout_build.make_training_engine(config, task_set.train_env, tokenizer)
+    scorer = rollout_build.make_scorer(config, method, env=task_set.train_env, tokenizer=tokenizer,
+                                       policy_model=model)
+    validate(config, engine=engine, layout=layout)
+    train_step = make_train_step(config, model)
+    mesh = capacity.rollout_mesh(config)
+    evaluator = Evaluator(config, task_set.test_env, task_set.test_states, tokenizer,
+                          shards=_shards(mesh))
+  except BaseException:   # a refused config leaves no host env state behind
+    task_set.close()
+    raise
   return Parts(config, tokenizer, model, model_config, task_set, method, engine, scorer, layout,
                train_step, evaluator, mesh)
 

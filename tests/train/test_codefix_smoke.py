@@ -30,7 +30,7 @@ def test_codefix_smoke_run_trains_evaluates_and_leaves_no_workspace(tmp_path, da
   for key in ("eval/greedy_success", "eval/sampled_visible_pass", "eval/sampled_hidden_pass",
               "eval/sampled_tool_calls"):
     assert 0.0 <= after[key] <= max(1.0, after[key]) and np.isfinite(after[key])
-  if algo == "chain":   # 3 turns: read, test, fix; the submit is past the smoke's turn limit
+  if algo == "chain":   # 2 turns: read, test; the submit is past the smoke's turn limit
     assert summary["warm_start"]["demo_success"] == 0.0 and summary["warm_start"]["steps"] == 4
   # every workspace of every rollout, evaluation and demo is gone, and so is the scratch root
   assert [f for _, _, files in os.walk(scratch) for f in files] == []
