@@ -32,7 +32,7 @@ class Notebook(HostEnv):
 
   def __init__(self, tokenizer, max_turns=3, fail_at_step=None, error=RuntimeError):
     super().__init__(tokenizer, max_turns)
-    self.states, self.log, self.next = {}, {}, 0
+    self.states, self.log, self.next, self.copies = {}, {}, 0, 0
     self.steps, self.fail_at_step, self.error = 0, fail_at_step, error
 
   def _new(self, notes):
@@ -53,12 +53,13 @@ class Notebook(HostEnv):
       raise self.error("the notebook broke")
     for h, a in zip(handles, actions):
       self.states[int(h)].append(a)
-      self.log[int(h)] = tuple(self.states[int(h)])
+      self.log[int(h), len(self.states[int(h)])] = tuple(self.states[int(h)])
     n = np.array([len(self.states[int(h)]) - 1 for h in handles], np.float32)
     return ([f"{int(k)} notes" for k in n], np.array(["Down" in a for a in actions], np.float32),
             np.array(["Right" in a for a in actions]), {"notes": n})
 
   def fork(self, handles, counts):
+    self.copies += int(np.sum(counts))
     return np.array([self._new(self.states[int(h)]) for h, c in zip(handles, counts)
                      for _ in range(int(c))], np.int64)
 
@@ -113,7 +114,7 @@ def test_each_node_holds_exactly_its_own_path_and_no_handle_survives(method, kw)
         path.append(env.reply_text(t.tokens[p, j, :t.policy_len[p, j]].tolist()))
         j = int(t.parent[p, j])
       want = (f"task{task}",) + tuple(reversed(path))
-      assert env.log[int(t.env_state.handle[p, i])] == want
+      assert env.log[int(t.env_state.handle[p, i]), len(want)] == want
       assert t.env_state.info[p, i, 0] == len(path)
       assert t.env_state.task[p, i] == task and t.env_state.turns[p, i] == t.depth[p, i]
       assert t.finished[p, i] == ("Right" in path[0])
@@ -121,6 +122,9 @@ def test_each_node_holds_exactly_its_own_path_and_no_handle_survives(method, kw)
     branched += int(((t.num_children[p] > 1) & (t.depth[p] > 0)).sum())
   # tree_grpo branches mid-episode (siblings fork one notebook); chains only at the root
   assert branched > 0 if method == "tree_grpo" else method != "chain" or branched == 0
+  if method == "chain":   # a continuation takes its parent's notebook: copies only at the root
+    roots_kept = kw.get("budget", 0) > 0   # a budget keeps roots: every chain copies it
+    assert env.copies == int((t.num_children[:, 0] - (0 if roots_kept else 1)).sum())
 
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])

@@ -16,8 +16,9 @@ the parents of the next turn.
 
 A host environment (`tree_rl.envs.host.HostEnv`: a workspace, a process) is stepped on the
 host at the same boundary: a child's handle is forked from its parent's where the KV pages are
-forked, stepped in place with the decoded reply, and released where the node's pages are freed
-(`close` releases every handle of a rollout that fails).
+forked (or handed over when the parent's pages are freed after the turn), stepped in place with
+the decoded reply, and released where the node's pages are freed (`close` releases every handle
+of a rollout that fails).
 """
 
 from __future__ import annotations
@@ -506,14 +507,21 @@ class Engine:
       raise
     return handles, toks, lens, keys
 
-  def _host_fork(self, rs: RolloutState, plan: TurnPlan):
-    """Every planned child gets its own copy of its parent's host state (where its pages fork)."""
-    wp, par, child, valid = (np.asarray(x) for x in jax.device_get(
-        (plan.prompt, plan.parent, plan.child, plan.valid)))
-    rows = np.nonzero(valid)[0]
-    src = rs.handles[wp[rows], par[rows]]
-    rs.handles[wp[rows], child[rows]] = self.env.fork(src, np.ones(len(rows), np.int64))
-    return wp, child, rows
+  def _host_fork(self, rs: RolloutState, plan: TurnPlan, drop):
+    """Every planned child gets its own copy of its parent's host state, where its pages fork;
+    a parent released after this turn's decode (`drop`) hands its state to its first child
+    instead (a chain's continuation copies nothing), after its other children copied it."""
+    wp, par, child, valid, fork, drop = (np.asarray(x) for x in jax.device_get(
+        (plan.prompt, plan.parent, plan.child, plan.valid, plan.fork, drop)))
+    moved = valid & ~fork & drop[wp, np.maximum(par, 0)]
+    rows = np.nonzero(valid & ~moved)[0]
+    if rows.size:
+      src = rs.handles[wp[rows], par[rows]]
+      rs.handles[wp[rows], child[rows]] = self.env.fork(src, np.ones(len(rows), np.int64))
+    m = np.nonzero(moved)[0]
+    rs.handles[wp[m], child[m]] = rs.handles[wp[m], par[m]]
+    rs.handles[wp[m], par[m]] = -1
+    return wp, child, np.nonzero(valid)[0]
 
   def _host_step(self, rs: RolloutState, rows_of, out) -> HostStep:
     """Step the children's host states in place with their decoded replies."""
@@ -567,7 +575,7 @@ class Engine:
         rs.tree, rs.live, parents, key, width, layout, rs.shards, seqs, not keep_parents, keep_roots)
     if bool(overflow):
       raise RolloutError("rollout tree node capacity exceeded (internal sizing error)")
-    host_rows = self._host_fork(rs, plan) if self.host else None
+    host_rows = self._host_fork(rs, plan, drop) if self.host else None
     if self.share_prefix:
       forked = plan.valid
       cache, fork_status = sampling.fork(rs.cache, par_slots, child_slots, forked)
