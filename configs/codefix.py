@@ -53,5 +53,7 @@ def get_config(arg=None):
     c.rollout.max_turns, c.rollout.max_tokens_per_turn = 2, 32
     c.warmstart.epsilon = 0.0
     c.warmstart.max_len = 768
+    if c.learner.row_tokens:   # the longest trajectory: 224 + 2 x (32 + 256) = 800 tokens
+      c.learner.row_tokens = 832
     c.train.num_test_tasks = 4
   return lock(c)
