@@ -58,7 +58,7 @@ def test_cli_unknown_override_is_one_clear_line():
   assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("path", ["configs/frozenlake.py", "configs/toolcall.py"])
+@pytest.mark.parametrize("path", ["configs/frozenlake.py", "configs/toolcall.py", "configs/codefix.py"])
 @pytest.mark.parametrize("algo", sorted(ALGOS))
 @pytest.mark.parametrize("variant", ["model=tiny", "model=small", "smoke"])
 def test_every_config_builds_and_validates(path, algo, variant):

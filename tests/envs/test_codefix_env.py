@@ -20,9 +20,17 @@ TASKS = generate(seed=3, num_train=12, num_test=2)["train"]
 def env():
   # a fresh temp root: tests run as nobody, fully fenced
   e = CodeFix(TOK, TASKS, max_turns=6, max_reply_tokens=192)
+  root = e.sandbox.root
   yield e
   e.close()
-  assert not os.path.exists(e.sandbox.root)
+  assert not os.path.exists(root)
+
+
+def test_building_the_env_touches_no_disk_until_an_episode_starts():
+  env = CodeFix(TOK, TASKS)
+  assert env._sandbox is None and env.num_tasks == len(TASKS)
+  env.close()
+  assert env._sandbox is None
 
 
 def test_parse_takes_the_first_action():

@@ -77,10 +77,17 @@ class CodeFix(HostEnv):
     self.tasks = list(tasks)
     self.max_reply_tokens = int(max_reply_tokens)
     self.prompt_capacity, self.obs_capacity = int(prompt_capacity), int(obs_capacity)
-    self.sandbox = sandbox or Sandbox(scratch_dir or None, limits, workers)
+    self._sandbox, self._sandbox_args = sandbox, (scratch_dir or None, limits, workers)
     self.episodes: dict[int, _Episode] = {}
     # (task, file digest) -> visible pass fraction, for the last VISIBLE_CACHE contents measured
     self._visible: collections.OrderedDict[tuple[int, str], float] = collections.OrderedDict()
+
+  @property
+  def sandbox(self) -> Sandbox:
+    """The workspaces' sandbox, made at the first episode (building the env touches no disk)."""
+    if self._sandbox is None:
+      self._sandbox = Sandbox(*self._sandbox_args)
+    return self._sandbox
 
   @property
   def num_tasks(self) -> int:
@@ -128,7 +135,8 @@ class CodeFix(HostEnv):
 
   def close(self) -> None:
     self.episodes.clear()
-    self.sandbox.close()
+    if self._sandbox is not None:
+      self._sandbox.close()
 
   def step(self, handles, actions):
     handles = np.asarray(handles).tolist()
