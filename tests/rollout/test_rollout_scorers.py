@@ -289,9 +289,11 @@ def test_rollout_scores_with_the_weights_its_cache_is_bound_to():
 
 def test_env_judge_templates_differ_and_name_their_stages():
   lake, tool = envs.entry("frozenlake").part("judge"), envs.entry("toolcall").part("judge")
+  code = envs.entry("codefix").part("judge")
   assert lake.stages == ("plan", "move") and tool.stages == ("search", "answer")
-  assert lake.text != tool.text
-  for t in (lake, tool):
+  assert code.stages == ("diagnose", "edit", "verify")
+  assert len({lake.text, tool.text, code.text}) == 3
+  for t in (lake, tool, code):
     assert "{stage}" in t.text and "{trajectory}" in t.text
     assert all(f"{s} (" in t.text for s in t.stages)            # each stage is explained
 
@@ -327,6 +329,14 @@ def test_judge_fills_in_the_stage_of_each_trajectory():
                  q.replace(calls=jnp.int32(1), answered=jnp.bool_(True)))
   got = judge_prompts(tool, states)
   assert [p.split("Stage: ")[1].split("\n")[0] for p in got] == ["search", "search", "answer", "answer"]
+  # codefix: the stage comes from the host env's info scalars (0-1 diagnose, 2 edit, 3 verify)
+  from tree_rl.envs.codefix import CodeFix
+  code = CodeFix(TOK, [])
+  st = code.initial_states(np.zeros(4, np.int32))
+  st = st.replace(info=st.info.at[:, code.info_fields.index("stage")].set(jnp.arange(4.0)))
+  got = judge_prompts(code, st)
+  assert [p.split("Stage: ")[1].split("\n")[0] for p in got] == ["diagnose", "diagnose", "edit", "verify"]
+  assert got[0].startswith("<|im_start|>system\nYou judge an agent repairing a bug")
   # config.scorer.judge_template overrides the text; a {stage} slot still takes the env's stages
   got = judge_prompts(lake, stack(start, moved), template="[{stage}] {trajectory} ->")
   assert [p.split("]")[0] for p in got] == ["[plan", "[move"]
