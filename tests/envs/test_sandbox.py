@@ -354,6 +354,10 @@ def test_run_tests_many_matches_sequential(box):
 
 # -- test runs: escapes --
 
+# a run ends within its time-out plus this (start-up and clean-up on a loaded 2-core CI machine;
+# the parent's backstop is the time-out + 5 s)
+SLACK_S = 4.0
+
 def test_enforcement_report(box):
   report = box.enforcement()
   assert set(report) == {"unprivileged_user", "process_limit", "network_namespace",
@@ -378,7 +382,7 @@ def test_infinite_loop_times_out():
     h = s.create({"m.py": MODULE})
     start = time.monotonic()
     run = s.run_tests(h, "import os\ndef test_spin():\n  os.fork()\n  while True:\n    pass\n")
-    assert time.monotonic() - start < 1.0 + 1.5
+    assert time.monotonic() - start < 1.0 + SLACK_S
     assert run.timed_out and (run.passed, run.total) == (0, 0)
     assert "timed out after 1 s" in run.output
     assert processes_in(s.path(h)) == []
@@ -389,7 +393,7 @@ def test_fork_bomb_is_contained():
     h = s.create({"m.py": MODULE})
     start = time.monotonic()
     run = s.run_tests(h, "import os\ndef test_bomb():\n  while True:\n    os.fork()\n")
-    assert time.monotonic() - start < 2.0 + 1.5
+    assert time.monotonic() - start < 2.0 + SLACK_S
     if s.enforcement()["process_limit"]:   # the kernel refuses the ninth process
       assert "FAIL test_bomb: BlockingIOError" in run.output
       assert (run.passed, run.total) == (0, 1)
@@ -404,7 +408,7 @@ def test_fork_bomb_is_contained():
             pass
     ''')
     run = s.run_tests(h, stubborn)   # swallows the error: forks on until the time-out
-    assert run.timed_out and time.monotonic() - start < 2 * (2.0 + 1.5)
+    assert run.timed_out and time.monotonic() - start < 2 * (2.0 + SLACK_S)
     assert processes_in(s.path(h)) == []
     assert orphaned_nobody_zombies() == []
     run = s.run_tests(h, "import m\ndef test_after():\n  assert m.f() == 3\n")   # still usable
