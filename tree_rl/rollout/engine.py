@@ -34,9 +34,10 @@ from flax import struct
 from tree_rl import sampling
 from tree_rl.buckets import pow2_bucket
 from tree_rl.envs.base import pytree_hash
-from tree_rl.envs.host import HostStep, is_host_env, text_hash
+from tree_rl.envs.host import HostStep, is_host_env
 from tree_rl.rollout import tree as tree_lib
 from tree_rl.rollout.budget import Budget, CostModel, per_parent_forks
+from tree_rl.rollout.host_nodes import HostNodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,7 @@ class RolloutState:
   layout: Layout
   turns: int = 0
   shards: int = 1            # the cache's data shards: prompts [d*P/D, (d+1)*P/D) live on shard d
-  handles: np.ndarray | None = None   # int64 [P, N] a host env's handle per node (-1: none)
+  host: HostNodes | None = None   # a host env's handle per node
 
   def slots(self, wp, nodes) -> jax.Array:
     """Sampler slots of nodes `nodes` of batch prompts `wp` (`slot_ids`)."""
@@ -437,23 +438,24 @@ class Engine:
       raise ValueError(f"the sampler cache has {cache.spec.max_seqs} slots per data shard; the "
                        f"rollout needs {(p // shards) * layout.capacity} (prompts per shard x node "
                        f"capacity): size it with rollout.capacity.new_cache")
-    handles = toks = lens = None
+    host = toks = lens = None
     if self.host:
-      handles, toks, lens, keys = self._host_reset(env_states, layout)
+      tasks = np.asarray(jax.device_get(env_states.task))
+      host, toks, lens, keys = HostNodes.start(self.env, tasks, layout.capacity, layout.num_trees)
       env_states = env_states.replace(key=jnp.asarray(keys))
     try:
-      return self._start(cache, env_states, layout, prompt_ids, handles, toks, lens)
+      return self._start(cache, env_states, layout, prompt_ids, host, toks, lens)
     except BaseException:
-      if handles is not None:
-        self.env.release(handles[handles >= 0])
+      if host is not None:
+        host.close()
       raise
 
-  def _start(self, cache, env_states, layout, prompt_ids, handles, toks, lens) -> RolloutState:
+  def _start(self, cache, env_states, layout, prompt_ids, host, toks, lens) -> RolloutState:
     p, m = layout.num_prompts, layout.num_trees
     shards = cache.num_shards
     tree, toks, lens = self._init_jit(env_states, jnp.asarray(prompt_ids, jnp.int32), layout, toks, lens)
-    if handles is not None:
-      tree = tree.replace(env_state=tree.env_state.replace(handle=jnp.asarray(handles, jnp.int32)))
+    if host is not None:
+      tree = tree.replace(env_state=tree.env_state.replace(handle=jnp.asarray(host.handles, jnp.int32)))
     slots = layout_slots(layout, shards, cache.spec.max_seqs)
     slots0 = slots[:, 0]
     chi = slots[:, 1:m].reshape(-1)                       # the other roots, prompt-major
@@ -471,92 +473,21 @@ class Engine:
     budget, live, peak = self._roots_jit(pre.computed, lens, more, cache.state.num_free, layout,
                                          cache.spec.num_pages)
     return RolloutState(cache=cache, tree=tree, budget=budget, live=live, peak_pages=peak,
-                        layout=layout, shards=shards, handles=handles)
+                        layout=layout, shards=shards, host=host)
 
   def release(self, rs: RolloutState, mask: jax.Array) -> RolloutState:
     """Free the sampler slots (and a host env's handles) of nodes `mask` [P, N] that still
     hold a sequence."""
     flat, live = self._release_jit(rs.live, mask)
-    if rs.handles is not None:
-      self._release_handles(rs, np.asarray(jax.device_get(flat)).reshape(rs.handles.shape))
+    if rs.host is not None:
+      rs.host.release(np.asarray(jax.device_get(flat)).reshape(rs.host.handles.shape))
     slots = self._node_slots(rs.layout, rs.shards, rs.cache.spec.max_seqs)
     return dataclasses.replace(rs, cache=sampling.release(rs.cache, slots, flat), live=live)
 
   def close(self, rs: RolloutState | None) -> None:
     """Release every host handle a rollout still holds (after an error or an interrupt)."""
-    if rs is not None and rs.handles is not None:
-      self._release_handles(rs, rs.handles >= 0)
-
-  # ------------------------------------------------------------------ host environments
-  def _host_reset(self, env_states, layout: Layout):
-    """Start the episodes of a host env: handles [P, N] (every root its own copy), the
-    rendered prompts and the roots' situation keys."""
-    tasks = np.asarray(jax.device_get(env_states.task))
-    first, texts = self.env.reset(tasks)
-    handles = np.full((layout.num_prompts, layout.capacity), -1, np.int64)
-    handles[:, 0] = first
-    try:
-      m = layout.num_trees
-      if m > 1:
-        more = self.env.fork(handles[:, 0], np.full((layout.num_prompts,), m - 1))
-        handles[:, 1:m] = np.asarray(more).reshape(layout.num_prompts, m - 1)
-      toks, lens = self.env.prompt_tokens(texts)
-      keys = np.asarray(self.env.start_keys(first), np.int32)
-    except BaseException:
-      self.env.release(handles[handles >= 0])
-      raise
-    return handles, toks, lens, keys
-
-  def _host_fork(self, rs: RolloutState, plan: TurnPlan, drop):
-    """Every planned child gets its own copy of its parent's host state, where its pages fork;
-    a parent released after this turn's decode (`drop`) hands its state to its first child
-    instead (a chain's continuation copies nothing), after its other children copied it."""
-    wp, par, child, valid, fork, drop = (np.asarray(x) for x in jax.device_get(
-        (plan.prompt, plan.parent, plan.child, plan.valid, plan.fork, drop)))
-    moved = valid & ~fork & drop[wp, np.maximum(par, 0)]
-    rows = np.nonzero(valid & ~moved)[0]
-    if rows.size:
-      src = rs.handles[wp[rows], par[rows]]
-      rs.handles[wp[rows], child[rows]] = self.env.fork(src, np.ones(len(rows), np.int64))
-    m = np.nonzero(moved)[0]
-    rs.handles[wp[m], child[m]] = rs.handles[wp[m], par[m]]
-    rs.handles[wp[m], par[m]] = -1
-    return wp, child, np.nonzero(valid)[0]
-
-  def _host_step(self, rs: RolloutState, rows_of, out) -> HostStep:
-    """Step the children's host states in place with their decoded replies."""
-    wp, child, rows = rows_of
-    toks, lens = (np.asarray(x) for x in jax.device_get((out.tokens, out.lengths)))
-    w = toks.shape[0]
-    handles = rs.handles[wp[rows], child[rows]]
-    replies = [toks[r, :lens[r]].tolist() for r in rows]
-    texts = [self.env.reply_text(ids) for ids in replies]
-    closed = np.array([bool(ids) and ids[-1] == self.eot for ids in replies], bool)
-    obs_text, reward, done, info = self.env.step(handles, texts)
-    obs_rows, obs_len_rows = self.env.observation_tokens(obs_text, closed)
-
-    def full(values, dtype, shape=()):
-      a = np.zeros((w,) + shape, dtype)
-      a[rows] = values
-      return a
-
-    fields = self.env.info_fields
-    info_rows = np.stack([np.asarray(info[f], np.float32) for f in fields], 1) if fields else (
-        np.zeros((len(rows), 0), np.float32))
-    return HostStep(
-        handle=full(handles, np.int32), reward=full(reward, np.float32), done=full(done, bool),
-        info=full(info_rows, np.float32, (len(fields),)),
-        key=full(info.get("state_key", handles), np.int32),
-        obs=full(obs_rows, np.int32, (self.obs_capacity,)), obs_len=full(obs_len_rows, np.int32),
-        action=full([text_hash(self.env.action_key(t)) for t in texts], np.int32),
-        tool_calls=full(info.get("tool_calls", 1), np.int32))
-
-  def _release_handles(self, rs: RolloutState, mask: np.ndarray) -> None:
-    held = rs.handles[mask]
-    rs.handles[mask] = -1
-    held = held[held >= 0]
-    if held.size:
-      self.env.release(held)
+    if rs is not None and rs.host is not None:
+      rs.host.close()
 
   def advance(self, rs: RolloutState, parents: jax.Array, key: jax.Array, *,
               keep_parents: bool, keep_roots: bool = False) -> tuple[RolloutState, jax.Array]:
@@ -575,7 +506,7 @@ class Engine:
         rs.tree, rs.live, parents, key, width, layout, rs.shards, seqs, not keep_parents, keep_roots)
     if bool(overflow):
       raise RolloutError("rollout tree node capacity exceeded (internal sizing error)")
-    host_rows = self._host_fork(rs, plan, drop) if self.host else None
+    host_rows = rs.host.fork(plan, drop) if self.host else None
     if self.share_prefix:
       forked = plan.valid
       cache, fork_status = sampling.fork(rs.cache, par_slots, child_slots, forked)
@@ -594,7 +525,7 @@ class Engine:
     rs = dataclasses.replace(rs, cache=cache, live=live)
     if not keep_parents:
       rs = self.release(rs, drop)
-    stepped = self._host_step(rs, host_rows, out) if self.host else None
+    stepped = rs.host.step(host_rows, out, self.eot, self.obs_capacity) if self.host else None
     tree, budget, obs, obs_len, need_obs, ended, sizes = self._commit_jit(
         rs.tree, rs.budget, plan, out.tokens, out.logprobs, out.lengths, key, out.entropy, stepped)
     cache = rs.cache
