@@ -47,7 +47,11 @@ def parts():
 
 def _rollout(parts, which, method):
   env, engine, states, caches = parts
-  cfg = rollout_config(method=method, entropy_tokens=2, entropy_threshold=0.0)
+  # ARPO forks where the entropy rises by more than the threshold. The steered model's rises
+  # here lie in [-4e-4, 7e-5], several exactly 0 or a few 1e-6: a threshold of 0 made decisions
+  # rest on the last bits of reductions the mesh splits differently (the test failed on some
+  # CPUs); at -1e-4 the nearest rise is 3e-5 away and about half of the branches fork
+  cfg = rollout_config(method=method, entropy_tokens=2, entropy_threshold=-1e-4)
   policy = methods.get(method)(cfg.rollout)
   sc = None
   if policy.score_every:
@@ -68,6 +72,8 @@ def test_sharded_rollout_builds_the_same_trees(parts, method):
   for field in ("reward", "ret"):
     np.testing.assert_allclose(getattr(a.tree, field), getattr(b.tree, field), err_msg=field)
   np.testing.assert_allclose(a.tree.logprobs, b.tree.logprobs, atol=2e-4)
+  if method == "arpo":   # it did fork on entropy rises: more than its 2 chains per prompt
+    assert a.stats["trajectories"] > 2 * P
   np.testing.assert_array_equal(a.leaf, b.leaf)
   np.testing.assert_array_equal(a.valid, b.valid)
   assert a.tree.used.sum() > 2 * P                    # the rollout went somewhere
