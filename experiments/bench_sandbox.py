@@ -16,6 +16,7 @@ The last JSON line carries `fork_ms`, `replay_ms` (per depth), `steps_per_s` and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -75,7 +76,7 @@ def _actions(task, depth: int) -> list[str]:
 def bench_fork(task, tok) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     box = Sandbox(os.path.join(tmp, "ws"), Limits(), workers=1)
-    env = CodeFix(tok, [dataclass_with_files(task, _workspace(task, _FILES.value))], sandbox=box)
+    env = CodeFix(tok, [dataclasses.replace(task, files=_workspace(task, _FILES.value))], sandbox=box)
     (root,), _ = env.reset(np.array([0]))
     seen = _inodes(box.path(root))
     times, sizes = [], []
@@ -104,11 +105,6 @@ def bench_fork(task, tok) -> dict:
     env.close()
   return dict(fork_ms=1e3 * statistics.median(times), fork_bytes=int(statistics.median(sizes)),
               replay_ms=replay)
-
-
-def dataclass_with_files(task, files):
-  import dataclasses
-  return dataclasses.replace(task, files=files)
 
 
 def bench_steps(tasks, tok) -> dict:

@@ -67,7 +67,6 @@ class CodeFix(HostEnv):
   """The code-repair env over `tasks` (a list of CodefixTask; task ids index it)."""
 
   name = "codefix"
-  has_tools = True
   info_fields = ("visible_pass", "hidden_pass", "stage", "resolved")
 
   def __init__(self, tokenizer, tasks: Sequence, *, max_turns: int = 6, max_reply_tokens: int = 96,
