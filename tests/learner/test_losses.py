@@ -11,6 +11,7 @@ from tree_rl.learner.logprobs import sequence_logprobs
 from tree_rl.learner.tree_attention import block_visibility, tree_block_attention
 from tree_rl.models import Transformer
 from tree_rl.models.config import tiny
+from tree_rl.models.transformer import dense_attention
 
 CLIP = dict(clip_low=0.2, clip_high=0.28)
 
@@ -198,8 +199,8 @@ def test_attention_implementations_agree_on_a_packed_batch():
   ein = sequence_logprobs(model, pb.tokens, attention="einsum", **kw)[0]
   xla = sequence_logprobs(model, pb.tokens, attention="xla", **kw)[0]
   chunked = sequence_logprobs(model, pb.tokens, attention="einsum", logits_chunk=7, **kw)[0]
-  kpos, visible = block_visibility(pb.node_ids, pb.ancestors, pb.kv_blocks)
-  block = lambda i, q, k, v, s: (tree_block_attention(q, k, v, kpos, visible), s)
+  layout = block_visibility(pb.node_ids, pb.ancestors, pb.kv_blocks)
+  block = lambda i, q, k, v, s: (tree_block_attention(q, k, v, layout), s)
   sparse = sequence_logprobs(model, pb.tokens, attend=block, **kw)[0]
   real = pb.node_ids >= 0
   np.testing.assert_allclose(np.asarray(sparse)[real], np.asarray(ein)[real], atol=1e-5)
@@ -210,6 +211,40 @@ def test_attention_implementations_agree_on_a_packed_batch():
   causal_ein = sequence_logprobs(model, lb.tokens, attention="einsum", remat="full")[0]
   np.testing.assert_allclose(np.asarray(causal_xla)[:, 1:], np.asarray(causal_ein)[:, 1:],
                              atol=1e-5)
+
+
+@pytest.mark.parametrize("group_blocks", [1, 2, 4, 64])
+@pytest.mark.parametrize("full_width", [False, True])
+def test_causal_groups_of_the_block_attention_equal_dense_masked_attention(group_blocks,
+                                                                           full_width):
+  """Each causal group reads only the first min(width, hi) entries of its blocks' lists: the
+  output and its gradient equal dense attention under the packed mask, whatever the grouping
+  and whether the lists are as wide as the row or as the batch's need."""
+  rng = np.random.default_rng(8)
+  trees = [synthetic.patr_tree(rng, prompt=8, action=5, obs=3, vocab=64, group_id=g)
+           for g in range(3)]
+  pb = batches.pack_trees(trees, seq_len=256, max_nodes=64, block=16)
+  kv = pb.kv_blocks
+  if full_width:
+    kv = np.pad(kv, ((0, 0), (0, 0), (0, kv.shape[1] - kv.shape[2])), constant_values=-1)
+  assert 1 < pb.kv_blocks.shape[2] < kv.shape[1] or full_width
+  b, t = pb.tokens.shape
+  q = jnp.asarray(rng.normal(size=(b, t, 4, 8)), jnp.float32)
+  k, v = (jnp.asarray(rng.normal(size=(b, t, 2, 8)), jnp.float32) for _ in range(2))
+  mask = batches.packed_attention_mask(pb.node_ids, pb.ancestors)
+  real = np.asarray(pb.node_ids >= 0)
+  dense = lambda q, k, v: (dense_attention(q, k, v, mask) ** 2 * real[..., None, None]).sum()  # noqa: E731
+
+  def sparse(q, k, v):
+    layout = block_visibility(pb.node_ids, pb.ancestors, kv, group_blocks)
+    return (tree_block_attention(q, k, v, layout) ** 2 * real[..., None, None]).sum()
+  assert len(block_visibility(pb.node_ids, pb.ancestors, kv, group_blocks)) == \
+      -(-kv.shape[1] // group_blocks)
+  want, want_g = jax.value_and_grad(dense, argnums=(0, 1, 2))(q, k, v)
+  got, got_g = jax.value_and_grad(sparse, argnums=(0, 1, 2))(q, k, v)
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+  for a, w in zip(got_g, want_g):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(w), rtol=1e-5, atol=1e-5)
 
 
 def test_merging_shared_prompts_keeps_the_loss_and_packs_fewer_tokens():
@@ -336,8 +371,8 @@ def test_fixed_shape_microbatches_sum_to_the_per_leaf_loss(per_leaf):
     return losses.weighted_policy_loss(logp, lb.old_logp, pos, neg, w, ref_logp=lb.ref_logp, **kw)[0]
 
   def packed_loss(params, pb):
-    kpos, vis = block_visibility(pb.node_ids, pb.ancestors, pb.kv_blocks)
-    attend = lambda i, q, k, v, s: (tree_block_attention(q, k, v, kpos, vis), s)  # noqa: E731
+    layout = block_visibility(pb.node_ids, pb.ancestors, pb.kv_blocks)
+    attend = lambda i, q, k, v, s: (tree_block_attention(q, k, v, layout), s)  # noqa: E731
     logp, _ = sequence_logprobs(nnx.merge(graph, params), pb.tokens, positions=pb.positions,
                                 pred_index=pb.pred_index, attend=attend)
     return losses.weighted_policy_loss(logp, pb.old_logp, pb.pos_weight, pb.neg_weight,

@@ -140,8 +140,8 @@ class TrainStep:
     model = nnx.merge(self.graphdef, params)
     mask = attend = None
     if "node_ids" in mb and lcfg.packed_attention == "block":
-      kpos, visible = block_visibility(mb["node_ids"], mb["ancestors"], mb["kv_blocks"])
-      attend = lambda i, q, k, v, s: (tree_block_attention(q, k, v, kpos, visible), s)
+      layout = block_visibility(mb["node_ids"], mb["ancestors"], mb["kv_blocks"])
+      attend = lambda i, q, k, v, s: (tree_block_attention(q, k, v, layout), s)
     elif "node_ids" in mb:
       mask = packed_attention_mask(mb["node_ids"], mb["ancestors"])
     return sequence_logprobs(model, mb["tokens"], positions=mb.get("positions"),
