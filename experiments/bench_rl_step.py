@@ -212,6 +212,7 @@ def main(argv):
 
   from tree_rl import train
   from tree_rl.learner import from_rollout
+  from tree_rl.learner.train_step import copy_params
 
   config = _CONFIG.value
   meter = Meter()
@@ -221,8 +222,12 @@ def main(argv):
   warm_params = _warm_params(parts)
   warm_s = time.perf_counter() - t0
   state = parts.train_step.init(warm_params)
-  ref = jax.tree.map(jnp.copy, state.params)
-  cache = train.new_cache(parts, state.params)
+  ref = copy_params(state.params)
+  startup = meter.compiles   # programs built by the warm start and the set-up
+  t_warm_up = time.perf_counter()
+  cache = train.warm_up(parts, train.new_cache(parts, state.params))
+  warm_up_s = time.perf_counter() - t_warm_up
+  warm_up_programs = meter.compiles - startup
   instrument(meter, parts)
   rates = matmul_flops_per_s()
   kl = float(config.learner.kl_coef) > 0
@@ -246,7 +251,6 @@ def main(argv):
   from_rollout.make_batches = batches_and_count
   rows = []
   position = 0
-  startup = meter.compiles   # programs built by the warm start and the set-up, before step 0
   for step in range(1 + _STEPS.value):
     before = meter.snapshot()
     compiles0 = meter.compiles
@@ -298,7 +302,8 @@ def main(argv):
                  matmul_gflop_per_s=rates / 1e9, warm_start_s=warm_s, step_s=mean("wall_s"),
                  cpu_s=mean("cpu_s"), floor_s=mean("floor_s"), floor_ratio=mean("floor_ratio"),
                  eval_s=eval_s[-1] if eval_s else None, eval_first_s=eval_s[0] if eval_s else None,
-                 compiles_startup=startup, compiles_step1=rows[0]["compiles"],
+                 compiles_startup=startup, compiles_warm_up=warm_up_programs,
+                 warm_up_s=warm_up_s, compiles_step1=rows[0]["compiles"],
                  compiles_after_step1=sum(r["compiles"] for r in rows[1:] if r["kind"] == "step"),
                  compiles_total=meter.compiles, compile_s_total=meter.compile_s)
   print()

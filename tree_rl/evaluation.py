@@ -13,21 +13,23 @@ its compiled sampler functions; `rollouts` tells the caller what that cache must
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 import jax
 import jax.numpy as jnp
 
-from tree_rl import console, hosts
+from tree_rl import console, hosts, tasks
 from tree_rl.rollout import build as rollout_build
-from tree_rl.rollout.driver import run
+from tree_rl.rollout.driver import run, warm_up
 from tree_rl.rollout.engine import Layout
-from tree_rl.rollout.tree import gather
 
 
-@jax.jit
-def _take(states, idx):
-  return jax.tree.map(lambda x: x[idx], states)
+def _at_leaves(field, leaf):
+  """field[p, leaf[p, j]] [P, L, ...] on the host (nothing compiled); -1 leaves read node 0."""
+  field, leaf = np.asarray(field), np.asarray(leaf)
+  return field[np.arange(leaf.shape[0])[:, None], np.maximum(leaf, 0)]
 
 
 class Evaluator:
@@ -59,6 +61,22 @@ class Evaluator:
       layout = Layout(self.local, method.capacity(engine.max_turns), method.slots, method.num_trees)
       self.modes[mode] = (method, engine, layout)
 
+  def on(self, states) -> "Evaluator":
+    """This evaluator on other initial states of its env (e.g. train tasks): the same engines,
+    layouts and chunk, so it runs the programs this one builds (a short set pads its chunk)."""
+    other = copy.copy(self)
+    other.num_prompts = jax.tree.leaves(states)[0].shape[0]
+    other.states = states
+    return other
+
+  def warm_up(self, cache):
+    """Build both modes' rollout programs ahead of the first evaluation (`driver.warm_up`);
+    returns the cache."""
+    states = tasks.take(self.states, np.minimum(np.arange(self.local), self.num_prompts - 1))
+    for method, engine, layout in self.modes.values():
+      cache = warm_up(engine, method, cache, states, capacity=layout.capacity)
+    return cache
+
   def rollouts(self) -> list[tuple]:
     """The (engine, layout) of every evaluation rollout, to size a cache for them."""
     return [(engine, layout) for _, engine, layout in self.modes.values()]
@@ -73,7 +91,7 @@ class Evaluator:
       bar.update(1)
       mine = lo + hosts.index() * self.local + np.arange(self.local)
       idx = np.minimum(mine, self.num_prompts - 1)
-      states = _take(self.states, idx)
+      states = tasks.take(self.states, idx)
       # one key for every chunk: each node's keys fold in its prompt's id, so the numbers do
       # not depend on how the held-out set is chunked over processes and shards
       out, cache = run(engine, method, cache, states, key,
@@ -82,11 +100,11 @@ class Evaluator:
       every = lambda x: hosts.gather(np.asarray(x)).reshape((self.chunk,) + np.shape(x)[1:])[real]  # noqa: E731
       rewards.append(every(out.reward))
       valid.append(every(out.valid))
-      turns.append(every(gather(out.tree.depth, out.leaf)))
+      turns.append(every(_at_leaves(out.tree.depth, out.leaf)))
       calls.append(every(out.budget.tool_calls))
       generated.append(every(out.budget.generated))
       if self.info_fields:
-        info.append(every(gather(out.tree.env_state.info, out.leaf)))
+        info.append(every(_at_leaves(out.tree.env_state.info, out.leaf)))
     bar.close()
     cat = np.concatenate
     return (cat(rewards), cat(valid), cat(turns), cat(calls), cat(generated),

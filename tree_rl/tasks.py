@@ -40,6 +40,12 @@ class TaskSet:
         env.close()
 
 
+@jax.jit
+def take(states, idx):
+  """The states of tasks `idx` [B] from batched states [N, ...] (one program per shape)."""
+  return jax.tree.map(lambda x: x[idx], states)
+
+
 def data_dir(config) -> str:
   return config.env.data_dir or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
 
@@ -80,7 +86,7 @@ def toolcall_tasks(config, tokenizer, directory) -> TaskSet:
   kb = load_kb(directory, config=name)
   make = lambda split: envs.from_config(config, tokenizer, split=split, kb=kb)  # noqa: E731
   train_env, test_env = make("train"), make("test")
-  states = lambda env, n: jax.vmap(env.init_state)(jnp.arange(n, dtype=jnp.int32))
+  states = lambda env, n: jax.jit(jax.vmap(env.init_state))(jnp.arange(n, dtype=jnp.int32))
   n_train, n_test = int(config.train.num_train_tasks), int(config.train.num_test_tasks)
   return TaskSet(train_env, test_env,
                  states(train_env, min(n_train or train_env.num_questions, train_env.num_questions)),

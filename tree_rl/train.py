@@ -25,11 +25,11 @@ from tree_rl import compile_cache, console, hosts, tasks
 from tree_rl.checkpointing import Checkpointer
 from tree_rl.evaluation import Evaluator
 from tree_rl.learner import from_rollout
-from tree_rl.learner.train_step import make_train_step
+from tree_rl.learner.train_step import copy_params, make_train_step
 from tree_rl.metrics import MetricsWriter, NullWriter, plot_curves, read_jsonl
 from tree_rl.models import build_model, build_tokenizer
 from tree_rl.rollout import build as rollout_build, capacity
-from tree_rl.rollout.driver import run
+from tree_rl.rollout.driver import run, warm_up as warm_up_rollouts
 from tree_rl.rollout.engine import Layout
 from tree_rl import sampling
 from tree_rl.validation import validate
@@ -87,6 +87,23 @@ def new_cache(parts: Parts, params):
                                mesh=parts.rollout_mesh)
 
 
+def warm_up(parts: Parts, cache):
+  """Build every rollout program the run can meet (training turns at each row bucket, both
+  evaluation modes) before its first step; prints how many and how long. Returns the cache."""
+  built0, s0 = compile_cache.programs_built()
+  t = time.perf_counter()
+  p = hosts.share(int(parts.config.rollout.prompts_per_step))[1]
+  states = tasks.take(parts.tasks.train_states, np.arange(p) % parts.tasks.num_train)
+  cache = warm_up_rollouts(parts.engine, parts.method, cache, states,
+                           budget=int(parts.config.rollout.budget))
+  cache = parts.evaluator.warm_up(cache)
+  built, s = compile_cache.programs_built()
+  if hosts.is_main():
+    console.write(f"rollout programs: {built - built0} built (or loaded) in "
+                  f"{time.perf_counter() - t:.1f} s ({s - s0:.1f} s compiling)")
+  return cache
+
+
 def _to_model(parts: Parts, params) -> nnx.Module:
   return model_with(parts.model, params)
 
@@ -140,7 +157,7 @@ def _draw(parts: Parts, cache, step: int, position: int, draw: int):
   config = parts.config
   offset, count = hosts.share(int(config.rollout.prompts_per_step))
   ids, groups = _prompt_batch(config, parts.tasks.num_train, position + offset, count)
-  states = jax.tree.map(lambda x: x[ids], parts.tasks.train_states)
+  states = tasks.take(parts.tasks.train_states, ids)
   key = _step_key(config, step, 0)
   out, cache = run(parts.engine, parts.method, cache, states,
                    key if draw == 0 else jax.random.fold_in(key, draw),
@@ -297,9 +314,9 @@ def _train_and_evaluate(config, workdir: str, parts: Parts) -> dict:
     writer.truncate_after(-1)   # rows of an attempt killed before its first checkpoint
     warm_params, warm_stats = _warm_start(parts)
     train_state = parts.train_step.init(warm_params)
-    ref_params = jax.tree.map(jnp.copy, train_state.params)
+    ref_params = copy_params(train_state.params)
     step = 0
-    cache = new_cache(parts, train_state.params)
+    cache = warm_up(parts, new_cache(parts, train_state.params))
     before, cache = parts.evaluator(cache, _eval_key(config))
     history = {"warm_start": warm_stats, "eval_before": before}
     writer.write(0, before)
@@ -310,7 +327,7 @@ def _train_and_evaluate(config, workdir: str, parts: Parts) -> dict:
     train_state, ref_params = state["train"], state["ref_params"]
     history = saved.get("history", {})
     position = int(saved.get("data_position", step * int(config.rollout.prompts_per_step)))
-    cache = new_cache(parts, train_state.params)
+    cache = warm_up(parts, new_cache(parts, train_state.params))
     writer.truncate_after(step)
   num_steps = int(config.train.num_steps)
   bar = console.progress(config, num_steps, "RL steps", initial=step)
@@ -413,14 +430,18 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
   if float(config.warmstart.target_success) < 1.0:
     # Early stopping looks at train maps only: the held-out split stays unseen until RL's eval.
     n = min(int(config.warmstart.eval_prompts), parts.tasks.num_train)
-    train_eval = Evaluator(config, parts.tasks.train_env,
-                           jax.tree.map(lambda x: x[:n], parts.tasks.train_states), parts.tokenizer,
-                           shards=_shards(parts.rollout_mesh))
+    states = tasks.take(parts.tasks.train_states, np.arange(n))
+    if parts.tasks.train_env is parts.tasks.test_env:   # the held-out evaluator's programs
+      train_eval = parts.evaluator.on(states)
+    else:
+      train_eval = Evaluator(config, parts.tasks.train_env, states, parts.tokenizer,
+                             shards=_shards(parts.rollout_mesh))
     checks = iter(range(int(config.warmstart.eval_every), 1 << 30, int(config.warmstart.eval_every)))
 
     def evaluate(params):
-      success = train_eval.greedy_success(new_cache(parts, nnx.to_pure_dict(params)),
-                                          jax.random.fold_in(key, 1))[0]
+      # placed like the learner's weights, so the check runs the evaluation's own programs
+      params = jax.device_put(nnx.to_pure_dict(params), parts.train_step.param_shardings)
+      success = train_eval.greedy_success(new_cache(parts, params), jax.random.fold_in(key, 1))[0]
       console.write(f"warm start: step {next(checks)}, greedy success {success:.2f} on {n} train "
                     f"maps (target {float(config.warmstart.target_success):.2f})")
       return success

@@ -86,3 +86,24 @@ def test_forward_traced_once_per_shape():
     logits(params, jnp.zeros((2, 6), jnp.int32))
     logits(params, jnp.ones((1, 4), jnp.int32))
   chex.clear_trace_counter()
+
+
+def test_built_model_init_is_one_program_with_the_eager_init_weights():
+  """`build_model` initialises a random model in one jitted program; its weights are bit for bit
+  those of the eager constructor (the draws are not fused with their scaling)."""
+  from tree_rl import compile_cache
+  from tree_rl.config import base_config
+  from tree_rl.models import build_model
+  from tree_rl.models.tokenizers import BuiltinTokenizer
+  config = base_config()
+  config.model.preset = "tiny"
+  tok = BuiltinTokenizer()
+  before, _ = compile_cache.programs_built()
+  model, cfg = build_model(config, tok, seed=5)
+  assert compile_cache.programs_built()[0] - before <= 1
+  eager = Transformer(cfg, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(5))
+  got = jax.tree.leaves(nnx.state(model, nnx.Param))
+  want = jax.tree.leaves(nnx.state(eager, nnx.Param))
+  assert len(got) == len(want)
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

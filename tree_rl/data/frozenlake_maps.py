@@ -88,4 +88,4 @@ def load_frozenlake_maps(data_dir: str, split: str, env: fl.FrozenLake, config: 
     raise ValueError(f"maps have side {tiles.shape[1]} but the env's max_size is {env.max_size}")
   size = np.array([r["size"] for r in rows], np.int32)
   start = np.stack([r["start"] for r in rows])
-  return jax.vmap(env.init_state)(tiles, size, size, start)
+  return jax.jit(jax.vmap(env.init_state))(tiles, size, size, start)   # one program, not one per op

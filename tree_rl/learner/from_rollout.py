@@ -123,15 +123,23 @@ def step_inputs(out, max_turns: int) -> advantage_lib.StepInputs:
 
 def advantages(config, out, rewards=None) -> jax.Array:
   """Advantages of `config.learner.advantage` in `advantage_inputs` order: [P*L] per leaf, or
-  [P*L, max_turns] per turn for a step-level estimator or `learner.shared_advantage=mean`."""
+  [P*L, max_turns] per turn for a step-level estimator or `learner.shared_advantage=mean`.
+  Computed in one jitted program per rollout shape (estimators are traced, so a registered one
+  must be jittable, as every built-in is)."""
   lc = config.learner
-  inputs = advantage_inputs(out, rewards)
-  name = lc.advantage
-  shared = lc.shared_advantage == "mean"
-  steps = (step_inputs(out, int(config.rollout.max_turns))
-           if shared or advantage_lib.is_step_level(name) else None)
-  adv = advantage_lib.compute(name, **inputs, eps=float(lc.adv_eps), steps=steps,
-                              step_weight=float(lc.step_weight), step_gamma=float(lc.step_gamma))
+  rewards = out.reward if rewards is None else jnp.asarray(rewards, jnp.float32)
+  return _advantages(out.replace(reward=rewards, stats={}), lc.advantage,
+                     lc.shared_advantage == "mean", int(config.rollout.max_turns),
+                     float(lc.adv_eps), float(lc.step_weight), float(lc.step_gamma))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5, 6))
+def _advantages(out, name: str, shared: bool, max_turns: int, eps: float, step_weight: float,
+                step_gamma: float):
+  inputs = advantage_inputs(out)
+  steps = (step_inputs(out, max_turns) if shared or advantage_lib.is_step_level(name) else None)
+  adv = advantage_lib.compute(name, **inputs, eps=eps, steps=steps, step_weight=step_weight,
+                              step_gamma=step_gamma)
   if shared:
     adv = advantage_lib.shared_mean(adv, inputs["prompt_ids"], inputs["valid"], steps)
   return adv

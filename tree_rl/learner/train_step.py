@@ -107,14 +107,16 @@ class TrainStep:
   def init(self, params: Any = None) -> TrainState:
     """Place float32 master weights (default: the model's) and a fresh optimizer state."""
     params = self._init_params if params is None else params
-    if jax.process_count() == 1:  # no host round trip; a copy, as the state gets donated
-      params = jax.tree.map(
-          lambda a, s: jax.device_put(jnp.array(a, dtype=_master(a.dtype), copy=True), s),
-          params, self.param_shardings)
-    else:
+    if jax.process_count() > 1:
       params = jax.tree.map(lambda a, s: _global_array(np.asarray(a, _master(a.dtype)), s),
                             params, self.param_shardings)
-    opt_state = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)(params)
+    if "init" not in self._jitted:   # one program: cast (a copy, as the state gets donated), init
+      def fresh(params):
+        params = jax.tree.map(lambda a: a.astype(_master(a.dtype)), params)
+        return params, self.tx.init(params)
+      self._jitted["init"] = jax.jit(fresh, out_shardings=(self.param_shardings,
+                                                            self.state_shardings.opt_state))
+    params, opt_state = self._jitted["init"](params)
     zero = lambda: _global_array(np.zeros((), np.int32), self.replicated)
     return TrainState(step=zero(), params=params, opt_state=opt_state, skipped=zero())
 
@@ -273,6 +275,13 @@ class TrainStep:
     for mb in batches:
       sums = add(sums, state.params, mb)
     return apply(state, sums)
+
+
+@jax.jit
+def copy_params(params):
+  """A copy of `params` in one program (a frozen reference that the donated train state cannot
+  delete); it keeps their shardings."""
+  return jax.tree.map(jnp.copy, params)
 
 
 def _all_finite(tree) -> jax.Array:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 from flax import nnx
 
@@ -38,4 +40,11 @@ def build_model(config, tokenizer: Tokenizer, seed: int = 0) -> tuple[Transforme
   if m.preset not in PRESETS:
     raise ValueError(f"config.model.preset={m.preset!r}; choose one of {sorted(PRESETS) + ['hf']}")
   cfg = PRESETS[m.preset](tokenizer.vocab_size)
-  return Transformer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(seed)), cfg
+  return _random_init(cfg, dtype, param_dtype, int(seed)), cfg
+
+
+@functools.partial(nnx.jit, static_argnums=(0, 1, 2, 3))
+def _random_init(cfg: ModelConfig, dtype, param_dtype, seed: int) -> Transformer:
+  """A randomly initialised model in one compiled program (eagerly, every parameter's draw and
+  scaling would compile programs of their own); the same weights as an eager init."""
+  return Transformer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(seed))

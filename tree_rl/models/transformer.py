@@ -25,7 +25,9 @@ def _param(rngs: nnx.Rngs, shape, axes, dtype, scale: float | None = 0.02):
   elif scale == 0.0:
     value = jnp.zeros(shape, dtype)
   else:
-    value = (scale * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+    # the barrier keeps the draw unfused from the scaling: the same bits eagerly or under jit
+    draw = jax.lax.optimization_barrier(jax.random.normal(rngs.params(), shape, jnp.float32))
+    value = (scale * draw).astype(dtype)
   return nnx.Param(value, axes=axes)
 
 

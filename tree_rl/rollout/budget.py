@@ -48,6 +48,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 UNITS = ("generated", "computed", "tool_calls", "env_steps")
@@ -110,24 +111,25 @@ class CostModel:
   max_calls: int | None = None
   share_prefix: bool = True
 
-  def remaining(self, unit: str, depth, ctx_len=0, fork=False):
+  def remaining(self, unit: str, depth, ctx_len=0, fork=False, xp=jnp):
     """Most a branch whose next turn follows a node at `depth` can still spend in `unit`
     (arrays broadcast): every turn decodes `max_tokens_per_turn`, every turn but the last is
     followed by a full observation (prefilled with the turn's last token), and a fork in the
-    no-sharing baseline first re-encodes its parent's `ctx_len` context tokens (+1 pending)."""
+    no-sharing baseline first re-encodes its parent's `ctx_len` context tokens (+1 pending).
+    xp: the array module (numpy for host constants: nothing compiled)."""
     check_unit(unit)
-    turns = jnp.maximum(self.max_turns - jnp.asarray(depth, jnp.int32), 0)
+    turns = xp.maximum(self.max_turns - xp.asarray(depth, xp.int32), 0)
     if unit == "generated":
       return turns * self.max_tokens_per_turn
     if unit == "computed":
       if self.obs_tokens is None:
         raise ValueError("the computed unit needs the engine's observation capacity")
-      cost = turns * self.max_tokens_per_turn + jnp.maximum(turns - 1, 0) * (self.obs_tokens + 1)
+      cost = turns * self.max_tokens_per_turn + xp.maximum(turns - 1, 0) * (self.obs_tokens + 1)
       if not self.share_prefix:
-        cost = cost + jnp.where(fork, jnp.asarray(ctx_len, jnp.int32) + 1, 0)
+        cost = cost + xp.where(fork, xp.asarray(ctx_len, xp.int32) + 1, 0)
       return cost
     if unit == "tool_calls" and self.max_calls is not None:
-      return jnp.minimum(turns, self.max_calls)
+      return xp.minimum(turns, self.max_calls)
     return turns          # env_steps; tool calls at most one per step
 
   def trajectory(self, unit: str) -> int | None:
@@ -137,7 +139,7 @@ class CostModel:
       check_unit(unit)
       return None
     extra = self.prompt_tokens if unit == "computed" else 0
-    return int(self.remaining(unit, 0)) + extra
+    return int(self.remaining(unit, 0, xp=np)) + extra
 
 
 def trajectory_cost(unit: str, *, max_turns: int, max_tokens_per_turn: int,

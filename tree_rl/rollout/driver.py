@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from tree_rl import sampling
 from tree_rl.rollout import scorers as scorer_lib
 from tree_rl.rollout.budget import UNITS, Budget, CostModel, admit, check_unit, per_parent_forks
 from tree_rl.rollout.engine import Engine, Layout, RolloutState
@@ -156,6 +157,29 @@ def run(engine: Engine, method: RolloutMethod, cache, env_states, key, *, prompt
                       state_key=_state_keys(engine.env, rs.tree.env_state), budget=rs.budget,
                       stats=statistics(rs, ids, valid, reward, budget_unit, engine.max_turns))
   return out, rs.cache
+
+
+def warm_up(engine: Engine, method: RolloutMethod, cache, env_states, *, budget: int = 0,
+            capacity: int | None = None):
+  """Build, ahead of the first rollout, every per-turn program a rollout of `method` over
+  prompts `env_states` can meet: one real turn from fresh roots at each row count of the
+  engine's buckets (`Engine.row_counts`), with the statics `run` uses. The trees are discarded;
+  returns the cache, empty again. A host env is not stepped here (its turns build on first use).
+  """
+  if engine.host:
+    return cache
+  p = jax.tree.leaves(env_states)[0].shape[0]
+  layout = Layout(num_prompts=p, capacity=capacity or method.capacity(engine.max_turns),
+                  slots=method.slots, num_trees=method.num_trees)
+  key = jax.random.key(0)
+  where = sampling.placement(cache.params) if cache.mesh is None else None
+  for parents in engine.bucket_requests(layout, cache.num_shards):
+    rs = engine.start(cache, env_states, layout)
+    parents = jnp.asarray(parents) if where is None else jax.device_put(parents, where)
+    rs, _ = engine.advance(rs, parents, key, keep_parents=method.keep_contexts,
+                           keep_roots=budget > 0)
+    cache = engine.release(rs, rs.live).cache
+  return cache
 
 
 def _turns(engine: Engine, method: RolloutMethod, rs: RolloutState, key, scorer, limit: int,

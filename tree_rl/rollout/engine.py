@@ -84,11 +84,12 @@ def layout_slots(layout: Layout, shards: int, seqs_per_shard: int) -> np.ndarray
           + np.arange(layout.capacity)[None, :]).astype(np.int32)
 
 
-def busiest_shard(mask: jax.Array, shards: int) -> jax.Array:
+def busiest_shard(mask: jax.Array, shards: int, xp=jnp) -> jax.Array:
   """The most True entries of `mask` (any shape, [P, ...] split into `shards` equal blocks of
-  prompts; int ids count where >= 0) held by one data shard."""
-  mask = mask if mask.dtype == jnp.bool_ else mask >= 0
-  return jnp.max(jnp.sum(mask.reshape(shards, -1), axis=1)).astype(jnp.int32)
+  prompts; int ids count where >= 0) held by one data shard. xp: the array module (numpy for
+  host arrays: nothing compiled)."""
+  mask = mask if mask.dtype == xp.bool_ else mask >= 0
+  return xp.max(xp.sum(mask.reshape(shards, -1), axis=1)).astype(xp.int32)
 
 
 def shard_rows(mask: jax.Array, shards: int, width: int) -> jax.Array:
@@ -240,6 +241,24 @@ class Engine:
     return CostModel(self.max_turns, self.max_new, prompt_tokens=self.prompt_capacity,
                      obs_tokens=self.obs_capacity, max_calls=None if calls is None else int(calls),
                      share_prefix=self.share_prefix)
+
+  def row_counts(self, layout: Layout, shards: int) -> list[int]:
+    """Every row count a turn of `layout` can decode over (`shard_width` of each possible
+    busiest-shard request count)."""
+    per = layout.num_prompts * layout.slots // shards
+    return sorted({shard_width(b, shards, per * shards, self.row_buckets != "full")
+                   for b in range(1, per + 1)})
+
+  def bucket_requests(self, layout: Layout, shards: int) -> list[np.ndarray]:
+    """Parent requests [P, S] whose turn decodes over each of `row_counts` in turn: children of
+    the first root, the most requests per shard that fit the row count (nothing compiled)."""
+    per_prompts = layout.num_prompts // shards
+    out = []
+    for width in self.row_counts(layout, shards):
+      want = min(width // shards, per_prompts * layout.slots)
+      block = np.where(np.arange(per_prompts * layout.slots) < want, 0, -1)
+      out.append(np.tile(block, shards).reshape(layout.num_prompts, layout.slots).astype(np.int32))
+    return out
 
   def pages_per_seq(self, page_size: int) -> int:
     return -(-(self.max_context() + 1) // page_size)
@@ -454,6 +473,9 @@ class Engine:
     p, m = layout.num_prompts, layout.num_trees
     shards = cache.num_shards
     tree, toks, lens = self._init_jit(env_states, jnp.asarray(prompt_ids, jnp.int32), layout, toks, lens)
+    where = sampling.placement(cache.params) if cache.mesh is None else None
+    if where is not None:   # where every later turn's tree lives (its ops read the weights)
+      tree, toks, lens = jax.device_put((tree, toks, lens), where)
     if host is not None:
       tree = tree.replace(env_state=tree.env_state.replace(handle=jnp.asarray(host.handles, jnp.int32)))
     slots = layout_slots(layout, shards, cache.spec.max_seqs)
@@ -496,7 +518,10 @@ class Engine:
     budget-capped chain starts chains later). Returns (state, children [P, S] local node ids,
     -1 where none)."""
     layout = rs.layout
-    busiest = int(self._busiest_jit(parents, rs.shards))   # the turn's one host read
+    # the turn's one host read: the requests themselves, so the plan meets them as host arrays
+    # every turn (whatever the program that chose them), and one program serves each shape
+    parents = np.asarray(jax.device_get(parents))
+    busiest = int(busiest_shard(parents, rs.shards, xp=np))
     if busiest == 0:
       return rs, parents   # every entry is -1: no child
     width = shard_width(busiest, rs.shards, layout.num_prompts * layout.slots,

@@ -99,12 +99,7 @@ def init_cache(model: nnx.Module, *, max_seqs: int, num_pages: int, max_pages_pe
                      max_pages_per_seq=max_pages_per_seq, kv_dtype=kv_dtype)
   graphdef, params = nnx.split(model)
   if mesh is None:
-    state = C.empty_state(spec)
-    lead = getattr(jax.tree.leaves(params)[0], "sharding", None)
-    if isinstance(lead, NamedSharding) and lead.mesh.size == 1:
-      # weights on a one-device mesh (the learner's): every operation's output state carries
-      # that sharding, so a new (or reset) cache starts with it too and finds their programs
-      state = jax.device_put(state, NamedSharding(lead.mesh, P()))
+    state = _empty_single(spec, placement(params))()
   else:
     if data_axis not in mesh.shape:
       raise ValueError(f"mesh has no data axis {data_axis!r}; axes: {tuple(mesh.shape)}")
@@ -115,6 +110,25 @@ def init_cache(model: nnx.Module, *, max_seqs: int, num_pages: int, max_pages_pe
   return Cache(params=tuple(leaves), state=state, params_version=next(_VERSION),
                graphdef=_Static((graphdef, treedef)), spec=spec, mesh=mesh, data_axis=data_axis,
                tensor_axis=tensor_axis)
+
+
+def placement(params) -> NamedSharding | None:
+  """Where the outputs of operations on weights `params` (without a rollout mesh) live: the
+  weights' one-device mesh, replicated, when they sit on one (the learner's), else None (the
+  default device). A new or reset cache starts there, and so does a rollout's tree
+  (`Engine.start`), so every operation meets its inputs in one placement and builds one program
+  per shape."""
+  lead = getattr(jax.tree.leaves(params)[0], "sharding", None)
+  if isinstance(lead, NamedSharding) and lead.mesh.size == 1:
+    return NamedSharding(lead.mesh, P())
+  return None
+
+
+@functools.lru_cache(maxsize=None)
+def _empty_single(spec: C.CacheSpec, sharding):
+  """The empty state of one shard as one compiled program (placed on `sharding`, or the
+  default device)."""
+  return jax.jit(lambda: C.empty_state(spec), out_shardings=sharding)
 
 
 @functools.lru_cache(maxsize=None)

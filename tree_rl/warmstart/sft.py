@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -62,12 +63,19 @@ class SFTTrainer:
   def __init__(self, model: nnx.Module, w):
     self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
     self.dtypes = jax.tree.map(lambda a: a.dtype, params)
-    self.params = jax.tree.map(_to_master, params)
     self.tx = make_optimizer(w)
-    self.opt_state = self.tx.init(self.params)
+    # one program each (eager casts, copies and the optimizer init would build one per array)
+    self.params, self.opt_state = jax.jit(self._fresh)(params)
     self.attention = w.attention
     self.batch_size = int(w.batch_size)
     self.step_fn = jax.jit(self._step, donate_argnums=(0, 1))
+    self._copy = jax.jit(lambda p: jax.tree.map(lambda a, d: jnp.copy(a.astype(d)), p, self.dtypes))
+    self._rows = jax.jit(lambda key, step, pool: jax.random.randint(
+        jax.random.fold_in(key, step), (self.batch_size,), 0, pool), static_argnums=(2,))
+
+  def _fresh(self, params):
+    params = jax.tree.map(_to_master, params)
+    return params, self.tx.init(params)
 
   def _step(self, params, opt_state, tokens, loss_mask, idx):
     def loss_fn(p):
@@ -84,10 +92,15 @@ class SFTTrainer:
                                                      loss_mask, idx)
     return loss
 
+  def rows(self, key, step: int, pool: int) -> jax.Array:
+    """The `batch_size` demo rows of step `step`: uniform over [0, pool), drawn with
+    fold_in(key, step) (one program for every step)."""
+    return self._rows(key, np.int32(step), pool)
+
   def params_state(self) -> nnx.State:
     """A copy of the trained Params (an nnx.State) in the model's own parameter dtypes; later
     steps donate the trainer's buffers, never the copy's."""
-    return jax.tree.map(lambda a, d: jnp.array(a, dtype=d, copy=True), self.params, self.dtypes)
+    return self._copy(self.params)
 
 
 def _to_master(a):
@@ -123,7 +136,7 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   gen = make(env, tokenizer, expert, max_len=int(w.max_len), loss_on_noise=bool(w.loss_on_noise))
   k_demo, k_train = jax.random.split(key)
   demos: Demos = gen(k_demo, int(w.num_demos))
-  if float(jnp.sum(demos.loss_mask)) == 0:
+  if not np.asarray(demos.loss_mask).any():
     raise ValueError("the warm-start demos hold no trained reply tokens: raise warmstart.max_len "
                      f"(={w.max_len}) above the prompt length or lower warmstart.epsilon")
   t1 = time.perf_counter()
@@ -135,8 +148,7 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   bar = console.progress(config, int(w.steps), "warm start")
   for step in range(1, int(w.steps) + 1):
     bar.update(1)
-    idx = jax.random.randint(jax.random.fold_in(k_train, step), (trainer.batch_size,), 0, n)
-    losses.append(trainer.step(demos.tokens, demos.loss_mask, idx))
+    losses.append(trainer.step(demos.tokens, demos.loss_mask, trainer.rows(k_train, step, n)))
     if evaluate is not None and step % int(w.eval_every) == 0:
       params = trainer.params_state()
       success = float(evaluate(params))
@@ -152,8 +164,8 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   losses = [float(x) for x in jax.device_get(losses)]
   stats = dict(loss=losses, steps=step, evals=evals, stopped_early=stopped,
                returned_step=returned_step,
-               demo_success=float(jnp.mean(demos.success)), demo_return=float(jnp.mean(demos.reward)),
-               demo_tokens=float(jnp.mean(demos.length)),
-               demo_truncated=float(jnp.mean(demos.truncated)),
+               demo_success=float(np.mean(demos.success)), demo_return=float(np.mean(demos.reward)),
+               demo_tokens=float(np.mean(demos.length)),
+               demo_truncated=float(np.mean(demos.truncated)),
                seconds=dict(demos=t1 - t0, train=time.perf_counter() - t1))
   return final, stats
