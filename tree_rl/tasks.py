@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from tree_rl import envs
+from tree_rl.compile_cache import light_jit
 
 
 @dataclasses.dataclass
@@ -40,7 +41,7 @@ class TaskSet:
         env.close()
 
 
-@jax.jit
+@light_jit
 def take(states, idx):
   """The states of tasks `idx` [B] from batched states [N, ...] (one program per shape)."""
   return jax.tree.map(lambda x: x[idx], states)
@@ -86,7 +87,7 @@ def toolcall_tasks(config, tokenizer, directory) -> TaskSet:
   kb = load_kb(directory, config=name)
   make = lambda split: envs.from_config(config, tokenizer, split=split, kb=kb)  # noqa: E731
   train_env, test_env = make("train"), make("test")
-  states = lambda env, n: jax.jit(jax.vmap(env.init_state))(jnp.arange(n, dtype=jnp.int32))
+  states = lambda env, n: light_jit(jax.vmap(env.init_state))(jnp.arange(n, dtype=jnp.int32))
   n_train, n_test = int(config.train.num_train_tasks), int(config.train.num_test_tasks)
   return TaskSet(train_env, test_env,
                  states(train_env, min(n_train or train_env.num_questions, train_env.num_questions)),

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import tensorflow_datasets as tfds
 
+from tree_rl.compile_cache import light_jit
 from tree_rl.data.builder_utils import LocalBuilder
 
 from tree_rl.envs import frozenlake as fl
@@ -88,4 +89,4 @@ def load_frozenlake_maps(data_dir: str, split: str, env: fl.FrozenLake, config: 
     raise ValueError(f"maps have side {tiles.shape[1]} but the env's max_size is {env.max_size}")
   size = np.array([r["size"] for r in rows], np.int32)
   start = np.stack([r["start"] for r in rows])
-  return jax.jit(jax.vmap(env.init_state))(tiles, size, size, start)   # one program, not one per op
+  return light_jit(jax.vmap(env.init_state))(tiles, size, size, start)   # one program, not one per op

@@ -290,8 +290,10 @@ def _leaf_weights(trees: list[TrainTree], aggregation: str,
   totals = totals or batch_totals(trees)
   if not items:
     return [{} for _ in trees]
-  # padded to a power of two (length 0: weight 0, in no group), so few shapes ever compile
-  size = pow2_bucket(len(items))
+  # padded (length 0: weight 0, in no group) to one shape for every step up to 1,024 leaves (a
+  # step with fewer leaves than the last would otherwise build a program mid-run), then powers
+  # of two
+  size = pow2_bucket(len(items), lo=1024)
   lengths = np.zeros(size, np.float32)
   groups = np.zeros(size, np.int32)
   lengths[:len(items)] = [n for *_, n in items]

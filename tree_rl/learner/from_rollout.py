@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tree_rl.buckets import fine_bucket
+from tree_rl.compile_cache import light_jit
 from tree_rl.learner import advantages as advantage_lib
 from tree_rl.learner.batches import TrainTree, leaf_batch, pack_microbatches, pack_trees
 from tree_rl.rollout.tree import path_nodes
@@ -100,7 +101,7 @@ def advantage_inputs(out, rewards=None) -> dict:
               valid=out.valid.reshape(-1))
 
 
-@functools.partial(jax.jit, static_argnums=(3,))
+@light_jit(static_argnums=(3,))
 def _step_inputs(tree, leaf, state_key, max_turns):
   p, l = leaf.shape
   p_idx = jnp.arange(p)[:, None]
@@ -133,7 +134,7 @@ def advantages(config, out, rewards=None) -> jax.Array:
                      float(lc.adv_eps), float(lc.step_weight), float(lc.step_gamma))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5, 6))
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5, 6))   # float statistics: fully optimised
 def _advantages(out, name: str, shared: bool, max_turns: int, eps: float, step_weight: float,
                 step_gamma: float):
   inputs = advantage_inputs(out)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -43,8 +43,9 @@ def build_model(config, tokenizer: Tokenizer, seed: int = 0) -> tuple[Transforme
   return _random_init(cfg, dtype, param_dtype, int(seed)), cfg
 
 
-@functools.partial(nnx.jit, static_argnums=(0, 1, 2, 3))
 def _random_init(cfg: ModelConfig, dtype, param_dtype, seed: int) -> Transformer:
   """A randomly initialised model in one compiled program (eagerly, every parameter's draw and
   scaling would compile programs of their own); the same weights as an eager init."""
-  return Transformer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(seed))
+  make = lambda: Transformer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(seed))  # noqa: E731
+  graphdef, _ = nnx.split(nnx.eval_shape(make))
+  return nnx.merge(graphdef, jax.jit(lambda: nnx.split(make())[1])())

@@ -21,6 +21,7 @@ import numpy as np
 from flax import struct
 
 from tree_rl import sampling
+from tree_rl.compile_cache import light_jit
 from tree_rl.rollout import scorers as scorer_lib
 from tree_rl.rollout.budget import UNITS, Budget, CostModel, admit, check_unit, per_parent_forks
 from tree_rl.rollout.engine import Engine, Layout, RolloutState
@@ -56,7 +57,7 @@ def _admit(tree, budget, frontier, parents, limit, unit, costs: CostModel):
                gather(tree.depth, parents), gather(tree.ctx_len, parents))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 7, 8, 9))
+@light_jit(static_argnums=(0, 7, 8, 9))
 def _boundary(method: RolloutMethod, tree, budget, frontier, pstate, scores, key, limit, unit,
               costs):
   go = alive(tree, frontier)
@@ -83,30 +84,30 @@ def _boundary(method: RolloutMethod, tree, budget, frontier, pstate, scores, key
   return parents, pstate, tree, budget, release, jnp.any(parents >= 0)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3, 4, 5))
+@light_jit(static_argnums=(0, 3, 4, 5))
 def _first(method: RolloutMethod, tree, budget, limit, unit, costs):
   parents, pstate = method.first(tree, method.init(tree.num_prompts))
   none = jnp.full(parents.shape, -1, jnp.int32)
   return _admit(tree, budget, none, parents, limit, unit, costs), pstate
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3))
+@light_jit(static_argnums=(2, 3))
 def _score_input(tree, frontier, max_len, max_depth):
   nodes = jnp.where(alive(tree, frontier), frontier, -1)
   return scorer_lib.score_input(tree, nodes, max_len, max_depth)
 
 
-@jax.jit
+@light_jit
 def _turn_keys(key, turn):
   return jax.random.split(jax.random.fold_in(key, turn), 3)
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
+@light_jit(static_argnums=(0,))
 def _state_keys(env, env_state):
   return jax.vmap(jax.vmap(env.state_key))(env_state)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
+@light_jit(static_argnums=(0, 3))
 def _finish(method: RolloutMethod, tree, key, width):
   keep = method.keep_leaves(tree, key)
   ids, mask = leaf_ids(tree, width)

@@ -32,6 +32,7 @@ import numpy as np
 from flax import struct
 
 from tree_rl import sampling
+from tree_rl.compile_cache import light_jit
 from tree_rl.buckets import pow2_bucket
 from tree_rl.envs.base import pytree_hash
 from tree_rl.envs.host import HostStep, is_host_env
@@ -213,19 +214,19 @@ class Engine:
     self.node_tokens = max(self.prompt_capacity, self.max_new + self.obs_capacity)
     # Every array operation between sampler calls is one of these jitted pieces (an eager op
     # would compile a program of its own for every shape it meets).
-    self._init_jit = jax.jit(self._init_tree, static_argnums=(2,))
-    self._roots_jit = jax.jit(self._roots, static_argnums=(4, 5))
-    self._busiest_jit = jax.jit(busiest_shard, static_argnums=(1,))
-    self._plan_jit = jax.jit(self._plan, static_argnums=(4, 5, 6, 7, 8, 9))
-    self._commit_jit = jax.jit(self._commit, donate_argnums=(0, 1))
-    self._charge_jit = jax.jit(self._charge_prefill, donate_argnums=(0,))
-    self._context_jit = jax.jit(self._contexts)
-    self._obs_chunk_jit = jax.jit(_obs_chunk, static_argnums=(4,))
-    self._release_jit = jax.jit(lambda live, mask: ((mask & live).reshape(-1), live & ~mask))
-    self._peak_jit = jax.jit(lambda peak, num_free, pages: jnp.maximum(peak, jnp.max(pages - num_free)),
+    self._init_jit = light_jit(self._init_tree, static_argnums=(2,))
+    self._roots_jit = light_jit(self._roots, static_argnums=(4, 5))
+    self._busiest_jit = light_jit(busiest_shard, static_argnums=(1,))
+    self._plan_jit = light_jit(self._plan, static_argnums=(4, 5, 6, 7, 8, 9))
+    self._commit_jit = light_jit(self._commit, donate_argnums=(0, 1))
+    self._charge_jit = light_jit(self._charge_prefill, donate_argnums=(0,))
+    self._context_jit = light_jit(self._contexts)
+    self._obs_chunk_jit = light_jit(_obs_chunk, static_argnums=(4,))
+    self._release_jit = light_jit(lambda live, mask: ((mask & live).reshape(-1), live & ~mask))
+    self._peak_jit = light_jit(lambda peak, num_free, pages: jnp.maximum(peak, jnp.max(pages - num_free)),
                              static_argnums=(2,))
-    self._fork_rows_jit = jax.jit(self._fork_rows, static_argnums=(1, 2))
-    self._repeat_jit = jax.jit(lambda toks, lens, m: (jnp.repeat(toks, m, axis=0), jnp.repeat(lens, m)),
+    self._fork_rows_jit = light_jit(self._fork_rows, static_argnums=(1, 2))
+    self._repeat_jit = light_jit(lambda toks, lens, m: (jnp.repeat(toks, m, axis=0), jnp.repeat(lens, m)),
                                static_argnums=(2,))
     self._slots = {}   # (layout, shards, seqs) -> device slots [P * N] of every node
     self._prefill_built = set()   # (rows, chunk) of the observation prefills built

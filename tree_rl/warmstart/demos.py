@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from tree_rl.compile_cache import light_jit
 from tree_rl.warmstart.experts import Expert
 
 
@@ -118,7 +119,7 @@ class DemoGenerator:
     self._one = lambda key, params: episode(
         env, expert, self.table, key, params, max_len=max_len, max_turns=self.max_turns,
         pad_id=tokenizer.pad_id, loss_on_noise=loss_on_noise)
-    self._batch = jax.jit(jax.vmap(self._one, in_axes=(0, None)))
+    self._batch = light_jit(jax.vmap(self._one, in_axes=(0, None)))
 
   def reply_text(self, row: int) -> str:
     """The text of reply `row` as it appears in a sequence (with the end-of-turn token)."""
