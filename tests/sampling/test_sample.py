@@ -40,3 +40,22 @@ def test_top_k_and_top_p_sampling_frequencies():
   np.testing.assert_allclose(f, [0.625, 0.375, 0, 0], atol=0.03)
   f = _freq(sample(jax.random.key(3), LOGITS, jnp.float32(1.0))[0])
   np.testing.assert_allclose(f, [0.5, 0.3, 0.15, 0.05], atol=0.03)
+
+
+def test_per_row_temperatures_draw_as_each_row_alone():
+  """Temperatures [B]: a greedy row takes the argmax (logprob under T = 1), a tempered row draws
+  exactly what a batch at its scalar temperature draws with the same per-row keys."""
+  keys = jax.random.split(jax.random.key(3), 64)
+  logits = jax.random.normal(jax.random.key(4), (64, 7)) * 2.0
+  temps = jnp.where(jnp.arange(64) % 3 == 0, 0.0, jnp.where(jnp.arange(64) % 3 == 1, 1.0, 0.5))
+  tok, lp = sample(keys, logits, temps)
+  for t in (0.0, 1.0, 0.5):
+    rows = np.nonzero(np.asarray(temps) == t)[0]
+    want_tok, want_lp = sample(keys[rows], logits[rows], jnp.float32(t))
+    np.testing.assert_array_equal(np.asarray(tok)[rows], np.asarray(want_tok))
+    np.testing.assert_allclose(np.asarray(lp)[rows], np.asarray(want_lp), rtol=1e-6, atol=1e-6)
+  greedy = np.asarray(temps) == 0
+  np.testing.assert_array_equal(np.asarray(tok)[greedy], np.argmax(np.asarray(logits), -1)[greedy])
+  logp1 = np.asarray(jax.nn.log_softmax(logits, -1))
+  np.testing.assert_allclose(np.asarray(lp)[greedy],
+                             logp1[greedy, np.asarray(tok)[greedy]], rtol=1e-5, atol=1e-6)

@@ -41,8 +41,9 @@ def make_engine(config, env, tokenizer, **kwargs) -> Engine:
   kwargs.setdefault("attention", config.sampler.attention)
   kwargs.setdefault("max_shared_pages", int(config.sampler.max_shared_pages))
   kwargs.setdefault("obs_chunk", int(config.sampler.obs_chunk))
+  kwargs.setdefault("temperature", float(r.temperature))
   return Engine(env, tokenizer, max_turns=int(r.max_turns), max_tokens_per_turn=int(r.max_tokens_per_turn),
-                temperature=float(r.temperature), top_k=int(r.top_k), top_p=float(r.top_p), **kwargs)
+                top_k=int(r.top_k), top_p=float(r.top_p), **kwargs)
 
 
 def make_training_engine(config, env, tokenizer) -> tuple[methods.RolloutMethod, Engine, Layout]:

@@ -138,6 +138,7 @@ class TurnPlan:
   child: jax.Array    # int32 [W] new child node (-1 on padding rows)
   valid: jax.Array    # bool [W] the row is a real request
   fork: jax.Array     # bool [W] the child branches off a parent that already has a child
+  temperature: jax.Array   # float32 [W] sampling temperature of the row's request slot (0: greedy)
 
 
 def node_keys(key, prompt_ids, nodes) -> jax.Array:
@@ -159,8 +160,10 @@ class Engine:
   """Drives the sampler and one environment; knows nothing about rollout methods.
 
   env: a `tree_rl.envs.TokenEnv` (token rendering, action parsing, tool-call accounting);
-  tokenizer: the policy's tokenizer (stop ids). Sampling: max_tokens_per_turn, temperature,
-  top_k, top_p; attention: the sampler's paged attention (auto | cascade | reference).
+  tokenizer: the policy's tokenizer (stop ids). Sampling: max_tokens_per_turn, temperature (one
+  for every branch, or one per request slot: slot s of a prompt's requests decodes at
+  temperature[s]; a chain keeps chain s in slot s, so an evaluation runs greedy and sampled
+  chains in one rollout), top_k, top_p; attention: the sampler's paged attention (auto | cascade | reference).
   row_buckets: 'pow2' decodes only the live branches, padded to a power of two of at least an
   eighth of every slot (`shard_width`: at most four shapes),
   'full' always decodes every slot (one shape); an observation is prefilled on the rows of its
@@ -186,7 +189,10 @@ class Engine:
     self.tokenizer = tokenizer
     self.max_turns = int(max_turns)
     self.max_new = int(max_tokens_per_turn)
-    self.temperature, self.top_k, self.top_p = float(temperature), int(top_k), float(top_p)
+    temps = tuple(float(t) for t in np.atleast_1d(temperature))
+    if not temps or min(temps) < 0:
+      raise ValueError(f"temperature must be >= 0 (one, or one per request slot), got {temperature}")
+    self.temperatures, self.top_k, self.top_p = temps, int(top_k), float(top_p)
     self.attention = attention
     self.max_shared_pages = int(max_shared_pages)
     if row_buckets not in ("pow2", "full"):
@@ -312,8 +318,10 @@ class Engine:
     f = jnp.maximum(flat, 0)
     wp = (f // s).astype(jnp.int32)
     take = lambda x: jnp.where(valid, x.reshape(-1)[f], -1)  # noqa: E731
+    temps = jnp.asarray(self.temperatures, jnp.float32)
     plan = TurnPlan(prompt=jnp.where(valid, wp, 0), parent=take(parents), child=take(children),
-                    valid=valid, fork=valid & is_fork.reshape(-1)[f])
+                    valid=valid, fork=valid & is_fork.reshape(-1)[f],
+                    temperature=temps[jnp.minimum(f % s, temps.shape[0] - 1)])
     at = lambda nodes: slot_ids(plan.prompt, nodes, layout, shards, seqs)  # noqa: E731
     p_idx = jnp.arange(layout.num_prompts)[:, None]
     live = live.at[p_idx, jnp.where(children >= 0, children, layout.capacity)].set(True, mode="drop")
@@ -385,6 +393,7 @@ class Engine:
         ctx_len=put(tree.ctx_len, tree.ctx_len[wp, nparent] + lens + obs_len),
         action=put(tree.action, ahash), action_run=put(tree.action_run, run),
         reward=put(tree.reward, reward), ret=put(tree.ret, ret), finished=put(tree.finished, done),
+        tool_calls=put(tree.tool_calls, tool),
         truncated=put(tree.truncated, trunc),
         num_children=tree.num_children.at[wp, jnp.where(valid, nparent, tree.capacity)].add(
             1, mode="drop"),
@@ -540,7 +549,7 @@ class Engine:
     else:
       rs, forked, fork_status = self._reencode_forks(rs, plan, par_slots, child_slots)
     cache, out = sampling.decode(rs.cache, child_slots, row_keys, max_new=self.max_new,
-                                 stop_ids=self.stop_ids, temperature=self.temperature,
+                                 stop_ids=self.stop_ids, temperature=plan.temperature,
                                  top_k=self.top_k, top_p=self.top_p, valid=plan.valid,
                                  attention=self.attention, max_shared_pages=self.max_shared_pages,
                                  entropy_tokens=self.entropy_tokens)

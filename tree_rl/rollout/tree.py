@@ -41,6 +41,7 @@ class Tree:
   score: jax.Array         # float32 [P, N] last process score (NaN when never scored)
   reward: jax.Array        # float32 [P, N] environment reward of this step
   ret: jax.Array           # float32 [P, N] sum of rewards along the root..node path
+  tool_calls: jax.Array    # int32 [P, N] tool calls of this node's step
   finished: jax.Array      # bool [P, N] the episode ended at this node (env done)
   pruned: jax.Array        # bool [P, N] a routing policy stopped the branch here
   truncated: jax.Array     # bool [P, N] stopped by the turn limit, capacity or budget
@@ -83,7 +84,8 @@ def empty(num_prompts: int, capacity: int, node_tokens: int, env_state_example: 
               tokens=jnp.zeros((p, n, t), jnp.int32), logprobs=jnp.zeros((p, n, t), jnp.float32),
               entropy=zf,
               policy_len=zi, obs_len=zi, ctx_len=zi, action=zi - 1, action_run=zi,
-              score=zf + jnp.nan, reward=zf, ret=zf, finished=zb, pruned=zb, truncated=zb,
+              score=zf + jnp.nan, reward=zf, ret=zf, tool_calls=zi, finished=zb, pruned=zb,
+              truncated=zb,
               num_children=zi, env_state=env, size=jnp.zeros((p,), jnp.int32),
               prompt_id=jnp.arange(p, dtype=jnp.int32) if prompt_id is None
               else jnp.asarray(prompt_id, jnp.int32))

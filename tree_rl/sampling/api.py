@@ -262,7 +262,7 @@ def _plan_op(graphdef, spec, mesh, data_axis, st):
   return plan_shard
 
 
-@_operation(_Layout(num_args=7, replicated=(5, 6)))   # stop_ids, temperature
+@_operation(_Layout(num_args=7, replicated=(5,)))   # stop_ids
 def _decode_op(graphdef, spec, mesh, data_axis, st):
   def decode_shard(params, state, slots, valid, keys, max_tokens, budget, stop_ids, temperature):
     slots, valid = _localise(slots, valid, spec, mesh, data_axis)
@@ -373,7 +373,8 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
   key: one key (row b then draws with fold_in(key, b)) or keys [B], one per row (`row_keys`);
   either way a row's tokens depend on its own key only, never on the mesh. Each row runs from its pending token until it samples one of `stop_ids`, reaches
   min(max_tokens[b], budget[b], max_new) new tokens (defaults: max_new), or cannot store more
-  KV. temperature 0 is greedy; top_k (0 = off) and top_p (1.0 = off) are static. Returns
+  KV. temperature: a scalar or one per row [B] (rows of greedy and sampled episodes can share
+  a call); 0 is greedy; top_k (0 = off) and top_p (1.0 = off) are static. Returns
   DecodeOutput(tokens [B, max_new] (-1 padded), logprobs [B, max_new] under softmax(logits /
   temperature) (temperature 1 when greedy), lengths [B], stop_reason [B] (a `StopReason`),
   entropy [B, max_new] of that distribution at each row's first `entropy_tokens` tokens (static;
@@ -426,8 +427,14 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
   stop = jnp.asarray(list(stop_ids) if not hasattr(stop_ids, "shape") else stop_ids, jnp.int32).reshape(-1)
   if stop.shape[0] == 0:
     stop = jnp.full((1,), -1, jnp.int32)
+  if np.ndim(temperature) == 0:   # a host array: no program is compiled for it
+    temperature = np.full((b,), temperature, np.float32)
+  temperature = jnp.asarray(temperature, jnp.float32)
+  if temperature.shape != (b,):
+    raise ValueError(f"decode: temperature must be a scalar or one per row [{b}], got shape "
+                     f"{temperature.shape}")
   return _call(_decode_op, cache, slots, valid, row_keys(key, b), per_row(max_tokens, "max_tokens"),
-               per_row(budget, "budget"), stop, jnp.float32(temperature), statics=statics)
+               per_row(budget, "budget"), stop, temperature, statics=statics)
 
 
 def row_keys(key, b: int) -> jax.Array:

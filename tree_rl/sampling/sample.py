@@ -14,19 +14,21 @@ def sample(key: jax.Array, logits: jax.Array, temperature: jax.Array, top_k: int
   key only, wherever the row sits in the batch).
 
   top_k (0 = off) and top_p (1.0 = off) are static so disabled filters cost nothing;
-  temperature T is a traced scalar, and T <= 0 means greedy (logprob then under T = 1). The
+  temperature T is traced, a scalar or one per row [B], and T <= 0 means greedy for that row
+  (logprob then under T = 1). The
   logprob is of the tempered distribution before the top-k / top-p filters: the policy the
   learner trains (`tree_rl.learner.logprobs`, same temperature); training refuses the filters.
   """
   logits = logits.astype(jnp.float32)
   t = jnp.asarray(temperature, jnp.float32)
+  col = t if t.ndim == 0 else t[:, None]   # broadcasts over the vocabulary
   if key.ndim == 1:   # per-row keys
     categorical = jax.vmap(lambda k, v: jax.random.categorical(k, v, axis=-1))
   else:
     categorical = lambda k, v: jax.random.categorical(k, v, axis=-1)  # noqa: E731
 
   def draw(logits):
-    scaled = logits / jnp.maximum(t, 1e-6)
+    scaled = logits / jnp.maximum(col, 1e-6)
     if top_k and top_k < logits.shape[-1]:
       vals, idx = jax.lax.top_k(scaled, top_k)
       if top_p < 1.0:
@@ -41,8 +43,11 @@ def sample(key: jax.Array, logits: jax.Array, temperature: jax.Array, top_k: int
     return categorical(key, scaled).astype(jnp.int32)
 
   greedy = lambda logits: jnp.argmax(logits, axis=-1).astype(jnp.int32)  # noqa: E731
-  tokens = jax.lax.cond(t > 0, draw, greedy, logits)   # only one branch runs
-  policy = logits / jnp.where(t > 0, t, 1.0)
+  if t.ndim == 0:
+    tokens = jax.lax.cond(t > 0, draw, greedy, logits)   # only one branch runs
+  else:   # rows of both kinds (greedy and sampled episodes in one batch)
+    tokens = jnp.where(t > 0, draw(logits), greedy(logits))
+  policy = logits / jnp.where(col > 0, col, 1.0)
   lse = jax.nn.logsumexp(policy, axis=-1)
   return tokens, jnp.take_along_axis(policy, tokens[:, None], axis=-1)[:, 0] - lse
 
@@ -58,6 +63,7 @@ def policy_entropy(logits: jax.Array, temperature: jax.Array) -> jax.Array:
   """logits [B, V] -> entropy [B] float32 (nats) of softmax(logits / T), T = 1 when T <= 0:
   the distribution `sample` draws from and scores its logprob under (before top-k / top-p)."""
   t = jnp.asarray(temperature, jnp.float32)
+  t = t if t.ndim == 0 else t[:, None]   # one per row
   policy = logits.astype(jnp.float32) / jnp.where(t > 0, t, 1.0)
   logp = jax.nn.log_softmax(policy, axis=-1)
   p = jnp.exp(logp)
