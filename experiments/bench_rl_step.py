@@ -4,10 +4,11 @@
     python -m experiments.bench_rl_step --config=configs/frozenlake.py:algo=chain --steps=3 \
         --config.warmstart.steps=100
 
-Runs the config's warm start (deterministic for its seed), then 1 + --steps RL steps exactly as
-the training loop does (`train.rl_step`, the cache rebound after each update), then --evals
-evaluations (the first traces and builds, or loads, the evaluation's programs; the second shows
-the evaluation alone). --warm_cache keeps the warm start's weights between runs. Every sampler and learner call is timed (each synchronised), so a steady step splits
+Runs the config's warm start (deterministic for its seed), the rollout warm-up (`train.warm_up`:
+every rollout program of the run built before the first step, counted and timed apart), then
+1 + --steps RL steps exactly as the training loop does (`train.rl_step`, the cache rebound after
+each update), then --evals evaluations (the first builds the few per-rollout programs the
+warm-up does not; later ones show the evaluation alone). --warm_cache keeps the warm start's weights between runs. Every sampler and learner call is timed (each synchronised), so a steady step splits
 into decode / prefill / env + turn boundary / reference log-probs / update / other. Counted:
 real vs executed tokens of the sampler (rows x loop steps of each decode, rows x width of each
 prefill) and of the learner (real root-to-leaf tokens vs rows x length), and the programs the
@@ -164,19 +165,19 @@ def tree_flops(out, model_config, forward_passes_learner: int) -> tuple[float, f
   return sampler, learner, tree_tokens, leaf_tokens
 
 
-def matmul_flops_per_s() -> float:
+def matmul_flops_per_s(m: int = 1024, k: int = 1024, n: int = 1024) -> float:
+  """FLOP/s of a jitted float32 [m, k] @ [k, n] product (best of 5)."""
   import jax
   import jax.numpy as jnp
-  n = 1024
-  a = jnp.ones((n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  f(a).block_until_ready()
+  a, b = jnp.ones((m, k), jnp.float32), jnp.ones((k, n), jnp.float32)
+  f = jax.jit(lambda x, y: x @ y)
+  f(a, b).block_until_ready()
   best = float("inf")
   for _ in range(5):
     t = time.perf_counter()
-    f(a).block_until_ready()
+    f(a, b).block_until_ready()
     best = min(best, time.perf_counter() - t)
-  return 2 * n ** 3 / best
+  return 2 * m * k * n / best
 
 
 def _warm_params(parts):
@@ -207,7 +208,6 @@ def main(argv):
   del argv
   cache_dir = compile_cache.enable(_CACHE.value)
   import jax
-  import jax.numpy as jnp
   import numpy as np
 
   from tree_rl import train
@@ -230,6 +230,11 @@ def main(argv):
   warm_up_programs = meter.compiles - startup
   instrument(meter, parts)
   rates = matmul_flops_per_s()
+  # the model's own shapes: a learner micro-batch's tokens through its MLP input projection
+  # (what the tiny model's matmuls can reach, against the square product the floor uses)
+  mc = parts.model_config
+  model_rate = matmul_flops_per_s(int(config.learner.microbatch_rows) * int(config.learner.row_tokens or 1024),
+                                  mc.hidden_size, mc.intermediate_size)
   kl = float(config.learner.kl_coef) > 0
   passes = 3 + (1 if kl else 0)
   outs = []
@@ -299,7 +304,8 @@ def main(argv):
                  prompts_per_step=int(config.rollout.prompts_per_step),
                  device=jax.devices()[0].device_kind, backend=jax.default_backend(),
                  jax=jax.__version__, host=platform.node(), cache_dir=cache_dir,
-                 matmul_gflop_per_s=rates / 1e9, warm_start_s=warm_s, step_s=mean("wall_s"),
+                 matmul_gflop_per_s=rates / 1e9, model_matmul_gflop_per_s=model_rate / 1e9,
+                 warm_start_s=warm_s, step_s=mean("wall_s"),
                  cpu_s=mean("cpu_s"), floor_s=mean("floor_s"), floor_ratio=mean("floor_ratio"),
                  eval_s=eval_s[-1] if eval_s else None, eval_first_s=eval_s[0] if eval_s else None,
                  compiles_startup=startup, compiles_warm_up=warm_up_programs,
@@ -314,7 +320,8 @@ def main(argv):
     ratio = f"{sum(x[0] for x in tok):>9} / {sum(x[1] for x in tok)}" if tok else ""
     print(f"{k:<28}{w:>9.3f}   {ratio}")
   print(f"step {summary['step_s']:.2f} s (cpu {summary['cpu_s']:.2f} s), floor "
-        f"{summary['floor_s']:.3f} s ({summary['matmul_gflop_per_s']:.0f} GFLOP/s matmul): "
+        f"{summary['floor_s']:.3f} s ({summary['matmul_gflop_per_s']:.0f} GFLOP/s matmul; "
+        f"{summary['model_matmul_gflop_per_s']:.0f} at the model's shapes): "
         f"{summary['floor_ratio']:.1f}x; eval {[round(e, 2) for e in eval_s]} s; "
         f"compiles step 1 {summary['compiles_step1']}, after {summary['compiles_after_step1']}")
   if _OUT.value:

@@ -281,14 +281,15 @@ def train_and_evaluate(config, workdir: str) -> dict:
   than the checkpoints' arrays."""
   from tree_rl.learner.sharding import maybe_initialize_distributed
   maybe_initialize_distributed(config.mesh)   # before anything touches a device
+  start = compile_cache.programs_built()   # the programs this run builds count from here
   parts = build_parts(config)   # validates the config first: a bad one writes nothing
   try:
-    return _train_and_evaluate(config, workdir, parts)
+    return _train_and_evaluate(config, workdir, parts, start)
   finally:
     parts.tasks.close()   # a host env's workspaces end with the run
 
 
-def _train_and_evaluate(config, workdir: str, parts: Parts) -> dict:
+def _train_and_evaluate(config, workdir: str, parts: Parts, start: tuple[int, float]) -> dict:
   os.makedirs(workdir, exist_ok=True)
   if hosts.is_main():
     with open(os.path.join(workdir, "config.json"), "w") as f:
@@ -330,6 +331,8 @@ def _train_and_evaluate(config, workdir: str, parts: Parts) -> dict:
     cache = warm_up(parts, new_cache(parts, train_state.params))
     writer.truncate_after(step)
   num_steps = int(config.train.num_steps)
+  since = lambda: [a - b for a, b in zip(compile_cache.programs_built(), start)]  # noqa: E731
+  before_rl = since()
   bar = console.progress(config, num_steps, "RL steps", initial=step)
   last_eval = None
   with _StopRequest() as stop:
@@ -366,8 +369,15 @@ def _train_and_evaluate(config, workdir: str, parts: Parts) -> dict:
   ckpt.close()
   if last_eval is None:
     last_eval, cache = parts.evaluator(cache, _eval_key(config))
+  total = since()
   summary = {"step": step, "eval_before": history.get("eval_before", {}), "eval_after": last_eval,
-             "warm_start": history.get("warm_start", {}), "stopped_early": step < num_steps}
+             "warm_start": history.get("warm_start", {}), "stopped_early": step < num_steps,
+             # XLA programs built (or loaded from the persistent cache) and seconds spent
+             "programs": {"before_rl": before_rl[0], "before_rl_s": round(before_rl[1], 1),
+                          "total": total[0], "total_s": round(total[1], 1)}}
+  if hosts.is_main():
+    console.write(f"programs built (or loaded): {before_rl[0]} before the first RL step "
+                  f"({before_rl[1]:.1f} s), {total[0]} in all ({total[1]:.1f} s)")
   if hosts.is_main():
     _plot(workdir)
     with open(os.path.join(workdir, "summary.json"), "w") as f:

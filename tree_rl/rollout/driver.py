@@ -12,7 +12,6 @@ it into learner batches.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
