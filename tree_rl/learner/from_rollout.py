@@ -26,7 +26,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from tree_rl.buckets import fine_bucket
-from tree_rl.compile_cache import light_jit
 from tree_rl.learner import advantages as advantage_lib
 from tree_rl.learner.batches import TrainTree, leaf_batch, pack_microbatches, pack_trees
 from tree_rl.rollout.tree import path_nodes
@@ -101,7 +100,7 @@ def advantage_inputs(out, rewards=None) -> dict:
               valid=out.valid.reshape(-1))
 
 
-@light_jit(static_argnums=(3,))
+@functools.partial(jax.jit, static_argnums=(3,))   # also traced inside `_advantages`
 def _step_inputs(tree, leaf, state_key, max_turns):
   p, l = leaf.shape
   p_idx = jnp.arange(p)[:, None]
