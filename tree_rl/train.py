@@ -88,8 +88,8 @@ def new_cache(parts: Parts, params):
 
 
 def warm_up(parts: Parts, cache):
-  """Build every rollout program the run can meet (training turns at each row bucket, both
-  evaluation modes) before its first step; prints how many and how long. Returns the cache."""
+  """Build every rollout program the run can meet (training turns at each row bucket, the
+  evaluation's) before its first step; prints how many and how long. Returns the cache."""
   built0, s0 = compile_cache.programs_built()
   t = time.perf_counter()
   p = hosts.share(int(parts.config.rollout.prompts_per_step))[1]

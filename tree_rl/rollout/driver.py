@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from tree_rl import sampling
 from tree_rl.compile_cache import light_jit
 from tree_rl.rollout import scorers as scorer_lib
 from tree_rl.rollout.budget import UNITS, Budget, CostModel, admit, check_unit, per_parent_forks
@@ -135,12 +134,7 @@ def run(engine: Engine, method: RolloutMethod, cache, env_states, key, *, prompt
     raise ValueError(f"rollout method {method.name!r} branches on the entropy of "
                      f"{method.entropy_tokens} reply tokens, the engine reports "
                      f"{engine.entropy_tokens} (Engine(entropy_tokens=...), rollout.build sets it)")
-  p = jax.tree.leaves(env_states)[0].shape[0]
-  need = method.capacity(engine.max_turns)
-  if capacity is not None and capacity < need:
-    raise ValueError(f"capacity={capacity} is below the {need} nodes per prompt {method.name!r} needs")
-  layout = Layout(num_prompts=p, capacity=capacity or need, slots=method.slots,
-                  num_trees=method.num_trees)
+  layout = _layout(engine, method, env_states, capacity)
   limit, costs = int(budget), engine.cost_model()
   one = costs.trajectory(budget_unit)
   if 0 < limit < one:
@@ -159,6 +153,16 @@ def run(engine: Engine, method: RolloutMethod, cache, env_states, key, *, prompt
   return out, rs.cache
 
 
+def _layout(engine: Engine, method: RolloutMethod, env_states, capacity: int | None) -> Layout:
+  """The rollout's shape: one prompt per initial state, `capacity` (or the method's need) node
+  slots per prompt."""
+  need = method.capacity(engine.max_turns)
+  if capacity is not None and capacity < need:
+    raise ValueError(f"capacity={capacity} is below the {need} nodes per prompt {method.name!r} needs")
+  return Layout(num_prompts=jax.tree.leaves(env_states)[0].shape[0], capacity=capacity or need,
+                slots=method.slots, num_trees=method.num_trees)
+
+
 def warm_up(engine: Engine, method: RolloutMethod, cache, env_states, *, budget: int = 0,
             capacity: int | None = None):
   """Build, ahead of the first rollout, every per-turn program a rollout of `method` over
@@ -168,14 +172,10 @@ def warm_up(engine: Engine, method: RolloutMethod, cache, env_states, *, budget:
   """
   if engine.host:
     return cache
-  p = jax.tree.leaves(env_states)[0].shape[0]
-  layout = Layout(num_prompts=p, capacity=capacity or method.capacity(engine.max_turns),
-                  slots=method.slots, num_trees=method.num_trees)
+  layout = _layout(engine, method, env_states, capacity)
   key = jax.random.key(0)
-  where = sampling.placement(cache.params) if cache.mesh is None else None
-  for parents in engine.bucket_requests(layout, cache.num_shards):
+  for parents in engine.bucket_requests(layout, cache.num_shards):   # host arrays, as `advance` reads them
     rs = engine.start(cache, env_states, layout)
-    parents = jnp.asarray(parents) if where is None else jax.device_put(parents, where)
     rs, _ = engine.advance(rs, parents, key, keep_parents=method.keep_contexts,
                            keep_roots=budget > 0)
     cache = engine.release(rs, rs.live).cache
