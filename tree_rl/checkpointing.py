@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
@@ -38,8 +39,14 @@ class _Unverified(Exception):
 
 
 def _all_finite(tree) -> bool:
-  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
-  return all(bool(jnp.all(jnp.isfinite(x))) for x in leaves)
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(np.result_type(x), jnp.inexact)]
+  return bool(_finite(leaves)) if leaves else True
+
+
+@jax.jit
+def _finite(leaves):
+  """Whether every element of every leaf is finite: one program per state structure."""
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
 class Checkpointer:

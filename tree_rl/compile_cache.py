@@ -11,6 +11,7 @@ import functools
 import os
 
 import jax
+import numpy as np
 
 DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "tree_rl", "jax")
 # Programs that do bookkeeping, not FLOPs (a turn's plan and env step, tree writes, the turn
@@ -26,6 +27,14 @@ def light_jit(fun=None, **kwargs):
   if fun is None:
     return functools.partial(light_jit, **kwargs)
   return jax.jit(fun, compiler_options=LIGHT, **kwargs)
+
+
+def to_device(x, dtype=None) -> jax.Array:
+  """`x` as a device array, as `jnp.asarray(x, dtype)` gives it, without building a program for a
+  host value (`jnp.asarray` of a numpy array builds one per shape and dtype)."""
+  if isinstance(x, jax.Array):
+    return x if dtype is None or x.dtype == dtype else x.astype(dtype)
+  return jax.device_put(np.asarray(x, dtype))
 
 
 def define_flag():

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from tree_rl import console, hosts, tasks
+from tree_rl.compile_cache import to_device
 from tree_rl.rollout import build as rollout_build
 from tree_rl.rollout.driver import run, warm_up
 from tree_rl.rollout.engine import Layout
@@ -43,7 +44,7 @@ class Evaluator:
     count = int(config.train.eval_prompts)
     n = jax.tree.leaves(states)[0].shape[0]
     self.num_prompts = min(count, n) if count > 0 else n
-    self.states = tasks.take(states, np.arange(self.num_prompts))
+    self.states = tasks.take(states, np.arange(self.num_prompts)) if self.num_prompts < n else states
     # a chunk splits over the processes and each process's data shards (padding prompts are
     # not counted); process i evaluates its share of every chunk, and the results are gathered
     split = shards * hosts.count()
@@ -95,7 +96,7 @@ class Evaluator:
       # one key for every chunk: each node's keys fold in its prompt's id, so the numbers do
       # not depend on how the held-out set is chunked over processes and shards
       out, cache = run(self.engine, self.method, cache, states, key,
-                       prompt_ids=jnp.asarray(idx, jnp.int32), capacity=self.layout.capacity)
+                       prompt_ids=to_device(idx, np.int32), capacity=self.layout.capacity)
       real = (np.arange(lo, lo + self.chunk) < self.num_prompts)
       every = lambda x: hosts.gather(np.asarray(x)).reshape((self.chunk,) + np.shape(x)[1:])[real]  # noqa: E731
       t = jax.device_get(out.tree.replace(tokens=None, logprobs=None))

@@ -139,13 +139,22 @@ def _prompt_batch(config, num_tasks: int, position: int, count: int
 
 
 def _step_key(config, step: int, stream: int) -> jax.Array:
-  return jax.random.fold_in(jax.random.fold_in(jax.random.key(int(config.seed)), step), stream)
+  return _folded_key(int(config.seed), (step, stream))
+
+
+@jax.jit
+def _folded_key(seed, path):
+  """key(seed) folded in with each entry of `path` in turn (one program per path length)."""
+  key = jax.random.key(seed)
+  for x in path:
+    key = jax.random.fold_in(key, x)
+  return key
 
 
 def _eval_key(config) -> jax.Array:
   """One key for every evaluation: the same episodes' randomness at every step (common random
   numbers), so eval curves move only with the weights."""
-  return jax.random.fold_in(jax.random.key(int(config.seed)), 2**31 - 2)
+  return _folded_key(int(config.seed), (2**31 - 2,))
 
 
 # ----------------------------------------------------------------------------- one RL step
@@ -161,7 +170,7 @@ def _draw(parts: Parts, cache, step: int, position: int, draw: int):
   key = _step_key(config, step, 0)
   out, cache = run(parts.engine, parts.method, cache, states,
                    key if draw == 0 else jax.random.fold_in(key, draw),
-                   prompt_ids=jnp.asarray(groups), scorer=parts.scorer,
+                   prompt_ids=compile_cache.to_device(groups), scorer=parts.scorer,
                    budget=int(config.rollout.budget), budget_unit=config.rollout.budget_unit)
   return out, cache, ids
 

@@ -108,6 +108,15 @@ def test_every_field_is_checked_before_compute_naming_it(override, message):
     validate(c)
 
 
+@pytest.mark.parametrize("seed", [-1, 2**31])
+def test_a_seed_outside_the_key_range_is_refused(seed):
+  from tree_rl.validation import ConfigError, validate
+  c = frozenlake.get_config("algo=chain,smoke")
+  c.seed = seed
+  with pytest.raises(ConfigError, match=rf"config\.seed must be in \[0, 2\*\*31\), got {seed}"):
+    validate(c)
+
+
 @pytest.mark.parametrize("unit, budget, floor", [
     ("env_steps", 1, "(2: "), ("tool_calls", 1, "(2: ")])
 def test_budgets_below_one_trajectory_are_refused_in_every_unit(unit, budget, floor):

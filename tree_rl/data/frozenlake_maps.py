@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -62,19 +63,20 @@ class FrozenLakeMaps(LocalBuilder):
   def _generate_examples(self, split_index: int, count: int):
     env = self._env()
     p = env.default_params
-    keys = jax.random.split(jax.random.fold_in(jax.random.key(self.builder_config.seed), split_index), count)
+    chunk = 256                          # one program per split; the last chunk is padded
 
     def one(key):
       tiles, size, start, goal = fl.generate_map(key, p, env.max_size)
       return tiles, size, start, goal, fl.bfs_distance(tiles, size, size, start, goal)
 
-    gen = jax.jit(jax.vmap(one))
-    chunk = 256                          # one compiled shape; the last chunk is padded
+    @jax.jit
+    def gen(lo):
+      keys = jax.random.split(jax.random.fold_in(jax.random.key(self.builder_config.seed),
+                                                 split_index), count)
+      return jax.vmap(one)(keys[jnp.minimum(lo + jnp.arange(chunk), count - 1)])
+
     for lo in range(0, count, chunk):
-      k = keys[lo:lo + chunk]
-      if k.shape[0] < chunk:
-        k = jax.numpy.concatenate([k, jax.random.split(jax.random.key(0), chunk - k.shape[0])])
-      tiles, size, start, goal, dist = jax.tree.map(np.asarray, gen(k))
+      tiles, size, start, goal, dist = jax.tree.map(np.asarray, gen(np.int32(lo)))
       for j in range(min(chunk, count - lo)):
         yield lo + j, {"tiles": tiles[j].astype(np.int8), "size": size[j], "start": start[j],
                        "goal": goal[j], "shortest_path": dist[j]}

@@ -9,6 +9,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from tree_rl.compile_cache import to_device
 from tree_rl.envs.base import TokenEnv, pytree_hash
 from tree_rl.envs.frozenlake_dynamics import *  # noqa: F401,F403 (the dynamics' public names)
 from tree_rl.envs.frozenlake_dynamics import (FrozenLakeParams, distance_to_goal, generate_map,
@@ -61,7 +62,7 @@ class FrozenLake(TokenEnv):
     self.goal_hint = bool(overrides.get("goal_hint", False))
     self.preset = preset
     _validate(p, self.max_size, self.max_actions, self.action_format)
-    self._params = FrozenLakeParams(**{k: jnp.asarray(v) for k, v in p.items()})
+    self._params = FrozenLakeParams(**{k: to_device(v) for k, v in p.items()})
     self._host_params = p
     self.max_reply_tokens = max_reply_tokens
     self.max_reply_bytes = max_reply_bytes

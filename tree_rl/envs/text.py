@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tree_rl.compile_cache import to_device
 from tree_rl.models.tokenizers import BuiltinTokenizer, Tokenizer
 
 WHITESPACE = b" \t\n\r\x0b\x0c"  # what bytes.strip() removes
@@ -103,7 +104,7 @@ class ByteTable:
     lengths = np.array([len(p) for p in pieces], np.int32)
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int32)
     flat = np.frombuffer(b"".join(pieces) + b"\0", np.uint8)
-    return cls(jnp.asarray(flat), jnp.asarray(offsets), jnp.asarray(lengths))
+    return cls(to_device(flat), to_device(offsets), to_device(lengths))
 
   def tree_flatten(self):
     return (self.flat, self.offsets, self.lengths), None

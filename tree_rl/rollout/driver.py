@@ -97,7 +97,7 @@ def _score_input(tree, frontier, max_len, max_depth):
 
 @light_jit
 def _turn_keys(key, turn):
-  return jax.random.split(jax.random.fold_in(key, turn), 3)
+  return tuple(jax.random.split(jax.random.fold_in(key, turn), 3))
 
 
 @light_jit(static_argnums=(0,))

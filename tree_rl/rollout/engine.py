@@ -32,8 +32,8 @@ import numpy as np
 from flax import struct
 
 from tree_rl import sampling
-from tree_rl.compile_cache import light_jit
 from tree_rl.buckets import pow2_bucket
+from tree_rl.compile_cache import light_jit, to_device
 from tree_rl.envs.base import pytree_hash
 from tree_rl.envs.host import HostStep, is_host_env
 from tree_rl.rollout import tree as tree_lib
@@ -212,8 +212,8 @@ class Engine:
       self._state_example = env.state_example()
       self.prompt_capacity, self.obs_capacity = int(env.prompt_capacity), int(env.obs_capacity)
     else:
-      state, _ = jax.eval_shape(lambda k: env.reset(k, self.env_params), jax.random.key(0))
-      self._state_example = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), state)
+      state, _ = jax.eval_shape(lambda: env.reset(jax.random.key(0), self.env_params))
+      self._state_example = state   # shapes and dtypes
       ptok, _ = jax.eval_shape(lambda s: env.initial_prompt_tokens(s, self.env_params), state)
       otok, _ = jax.eval_shape(lambda s: env.observation_tokens(s, True, self.env_params), state)
       self.prompt_capacity, self.obs_capacity = ptok.shape[0], otok.shape[0]
@@ -227,7 +227,7 @@ class Engine:
     self._commit_jit = light_jit(self._commit, donate_argnums=(0, 1))
     self._charge_jit = light_jit(self._charge_prefill, donate_argnums=(0,))
     self._context_jit = light_jit(self._contexts)
-    self._obs_chunk_jit = light_jit(_obs_chunk, static_argnums=(4,))
+    self._charge_next_jit = light_jit(self._charge_next, static_argnums=(9,), donate_argnums=(0,))
     self._release_jit = light_jit(lambda live, mask: ((mask & live).reshape(-1), live & ~mask))
     self._peak_jit = light_jit(lambda peak, num_free, pages: jnp.maximum(peak, jnp.max(pages - num_free)),
                              static_argnums=(2,))
@@ -410,7 +410,8 @@ class Engine:
     ended_mask = jnp.zeros(tree.used.shape, bool).at[wp, jnp.where(ended, wchild, tree.capacity)].set(
         True, mode="drop")
     sizes = jnp.stack([jnp.max(obs_len), jnp.sum(need_obs)]).astype(jnp.int32)
-    return tree, budget, obs, obs_len, need_obs, ended_mask, sizes
+    first = _obs_chunk(obs, obs_len, need_obs, 0, self.obs_chunk or obs.shape[1])
+    return tree, budget, obs, obs_len, need_obs, ended_mask, sizes, first
 
   def _contexts(self, tree, plan: TurnPlan, child_slots, rows):
     """Root..parent tokens of plan rows `rows`: what the no-sharing baseline re-encodes into
@@ -428,6 +429,13 @@ class Engine:
     p = budget.prefilled.shape[0]
     ok = ok & (status == sampling.Status.OK)
     return budget.add(prefilled=jax.ops.segment_sum(jnp.where(ok, computed, 0), wp, num_segments=p))
+
+  @staticmethod
+  def _charge_next(budget, wp, computed, ok, status, obs, obs_len, need_obs, start, tokens: int):
+    """Charge one observation chunk's prefill and slice the next one (one program per row
+    count): (budget, the chunk at `start`)."""
+    budget = Engine._charge_prefill(budget, wp, computed, ok, status)
+    return budget, _obs_chunk(obs, obs_len, need_obs, start, tokens)
 
   @staticmethod
   def _fork_rows(plan: TurnPlan, shards: int, width: int):
@@ -451,7 +459,7 @@ class Engine:
   def _node_slots(self, layout: Layout, shards: int, seqs: int) -> jax.Array:
     key = (layout, shards, seqs)
     if key not in self._slots:
-      self._slots[key] = jnp.asarray(layout_slots(layout, shards, seqs).reshape(-1))
+      self._slots[key] = to_device(layout_slots(layout, shards, seqs).reshape(-1))
     return self._slots[key]
 
   def start(self, cache, env_states, layout: Layout, prompt_ids=None) -> RolloutState:
@@ -471,7 +479,7 @@ class Engine:
     if self.host:
       tasks = np.asarray(jax.device_get(env_states.task))
       host, toks, lens, keys = HostNodes.start(self.env, tasks, layout.capacity, layout.num_trees)
-      env_states = env_states.replace(key=jnp.asarray(keys))
+      env_states = env_states.replace(key=to_device(keys))
     try:
       return self._start(cache, env_states, layout, prompt_ids, host, toks, lens)
     except BaseException:
@@ -482,12 +490,12 @@ class Engine:
   def _start(self, cache, env_states, layout, prompt_ids, host, toks, lens) -> RolloutState:
     p, m = layout.num_prompts, layout.num_trees
     shards = cache.num_shards
-    tree, toks, lens = self._init_jit(env_states, jnp.asarray(prompt_ids, jnp.int32), layout, toks, lens)
+    tree, toks, lens = self._init_jit(env_states, to_device(prompt_ids, np.int32), layout, toks, lens)
     where = sampling.placement(cache.params) if cache.mesh is None else None
     if where is not None:   # where every later turn's tree lives (its ops read the weights)
       tree, toks, lens = jax.device_put((tree, toks, lens), where)
     if host is not None:
-      tree = tree.replace(env_state=tree.env_state.replace(handle=jnp.asarray(host.handles, jnp.int32)))
+      tree = tree.replace(env_state=tree.env_state.replace(handle=to_device(host.handles, np.int32)))
     slots = layout_slots(layout, shards, cache.spec.max_seqs)
     slots0 = slots[:, 0]
     chi = slots[:, 1:m].reshape(-1)                       # the other roots, prompt-major
@@ -561,23 +569,25 @@ class Engine:
     if not keep_parents:
       rs = self.release(rs, drop)
     stepped = rs.host.step(host_rows, out, self.eot, self.obs_capacity) if self.host else None
-    tree, budget, obs, obs_len, need_obs, ended, sizes = self._commit_jit(
+    tree, budget, obs, obs_len, need_obs, ended, sizes, (toks, lens, ok) = self._commit_jit(
         rs.tree, rs.budget, plan, out.tokens, out.logprobs, out.lengths, key, out.entropy, stepped)
     cache = rs.cache
     longest, going = (int(x) for x in jax.device_get(sizes))
     chunk = self.obs_chunk or obs.shape[1]
     # the observations of the branches that go on (none after the last turn), `chunk` tokens
-    # per call: as many calls as the longest one needs, one program per row count
+    # per call: as many calls as the longest one needs, one program per row count (the commit
+    # slices the first chunk, each charge the next)
     for start in range(0, longest if going else 0, chunk):
-      toks, lens, ok = self._obs_chunk_jit(obs, obs_len, need_obs, start, chunk)
       cache, pre = sampling.prefill(cache, child_slots, toks, lens, ok)
       self._check("prefill", pre.status, child_slots, ok)
-      budget = self._charge_jit(budget, plan.prompt, pre.computed, ok, pre.status)
+      budget, (toks, lens, ok) = self._charge_next_jit(
+          budget, plan.prompt, pre.computed, ok, pre.status, obs, obs_len, need_obs, start + chunk,
+          chunk)
     if not going and (width, chunk) not in self._prefill_built:
       # a row count first met on a last turn: build its prefill now, not in a later step
-      toks, lens, ok = self._obs_chunk_jit(obs, obs_len, need_obs, 0, chunk)
       sampling.prefill(cache, child_slots, toks, lens, ok, run=False)
-      self._charge_jit.lower(budget, plan.prompt, lens, ok, lens).compile()
+      self._charge_next_jit.lower(budget, plan.prompt, lens, ok, lens, obs, obs_len, need_obs,
+                                  chunk, chunk).compile()
     self._prefill_built.add((width, chunk))
     peak = self._peak_jit(rs.peak_pages, cache.state.num_free, cache.spec.num_pages)
     rs = dataclasses.replace(rs, cache=cache, tree=tree, budget=budget, peak_pages=peak,

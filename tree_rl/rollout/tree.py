@@ -74,12 +74,13 @@ class Tree:
 
 def empty(num_prompts: int, capacity: int, node_tokens: int, env_state_example: Any,
           prompt_id: jax.Array | None = None) -> Tree:
-  """An empty tree; `env_state_example` is one unbatched env state (its shapes and dtypes)."""
+  """An empty tree; `env_state_example` is one unbatched env state (arrays or
+  jax.ShapeDtypeStruct: only shapes and dtypes are read)."""
   p, n, t = num_prompts, capacity, node_tokens
   zi = jnp.zeros((p, n), jnp.int32)
   zb = jnp.zeros((p, n), bool)
   zf = jnp.zeros((p, n), jnp.float32)
-  env = jax.tree.map(lambda x: jnp.zeros((p, n) + jnp.shape(x), jnp.asarray(x).dtype), env_state_example)
+  env = jax.tree.map(lambda x: jnp.zeros((p, n) + x.shape, x.dtype), env_state_example)
   return Tree(parent=zi - 1, depth=zi, tree_id=zi, used=zb,
               tokens=jnp.zeros((p, n, t), jnp.int32), logprobs=jnp.zeros((p, n, t), jnp.float32),
               entropy=zf,

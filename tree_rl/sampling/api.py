@@ -33,6 +33,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from tree_rl.buckets import pow2_bucket
+from tree_rl.compile_cache import to_device
 from tree_rl.sampling import cache as C
 from tree_rl.sampling import decode_turn as D
 from tree_rl.sampling import prefill_chunks as PF
@@ -429,7 +430,7 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
     stop = jnp.full((1,), -1, jnp.int32)
   if np.ndim(temperature) == 0:   # a host array: no program is compiled for it
     temperature = np.full((b,), temperature, np.float32)
-  temperature = jnp.asarray(temperature, jnp.float32)
+  temperature = to_device(temperature, np.float32)
   if temperature.shape != (b,):
     raise ValueError(f"decode: temperature must be a scalar or one per row [{b}], got shape "
                      f"{temperature.shape}")

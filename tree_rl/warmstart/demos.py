@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from tree_rl.compile_cache import light_jit
+from tree_rl.compile_cache import light_jit, to_device
 from tree_rl.warmstart.experts import Expert
 
 
@@ -47,8 +47,8 @@ class ReplyTable:
     tokens = np.full((len(enc), width), tokenizer.pad_id, np.int32)
     for i, e in enumerate(enc):
       tokens[i, :len(e)] = e
-    self.tokens = jnp.asarray(tokens)
-    self.lengths = jnp.asarray([len(e) for e in enc], jnp.int32)
+    self.tokens = to_device(tokens)
+    self.lengths = to_device([len(e) for e in enc], np.int32)
     self.width = width
     self.max_length = max(len(e) for e in enc)
 
@@ -119,11 +119,12 @@ class DemoGenerator:
     self._one = lambda key, params: episode(
         env, expert, self.table, key, params, max_len=max_len, max_turns=self.max_turns,
         pad_id=tokenizer.pad_id, loss_on_noise=loss_on_noise)
-    self._batch = light_jit(jax.vmap(self._one, in_axes=(0, None)))
+    self._batch = light_jit(lambda key, n, params: jax.vmap(self._one, in_axes=(0, None))(
+        jax.random.split(key, n), params), static_argnums=(1,))
 
   def reply_text(self, row: int) -> str:
     """The text of reply `row` as it appears in a sequence (with the end-of-turn token)."""
     return self.expert.reply_texts[row] + self.tokenizer.decode([self.tokenizer.end_of_turn_id])
 
   def __call__(self, key, num_episodes: int) -> Demos:
-    return self._batch(jax.random.split(key, num_episodes), self.params)
+    return self._batch(key, int(num_episodes), self.params)

@@ -103,6 +103,11 @@ class SFTTrainer:
     return self._copy(self.params)
 
 
+@jax.jit
+def _split2(key):
+  return tuple(jax.random.split(key))   # two keys, one program (unpacking an array builds another)
+
+
 def _to_master(a):
   return a.astype(jnp.float32) if jnp.issubdtype(a.dtype, jnp.floating) else a
 
@@ -134,7 +139,7 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   from tree_rl.warmstart.host_demos import HostDemoGenerator
   make = HostDemoGenerator if is_host_env(env) else DemoGenerator   # a host env plays its expert on the host
   gen = make(env, tokenizer, expert, max_len=int(w.max_len), loss_on_noise=bool(w.loss_on_noise))
-  k_demo, k_train = jax.random.split(key)
+  k_demo, k_train = _split2(key)
   demos: Demos = gen(k_demo, int(w.num_demos))
   if not np.asarray(demos.loss_mask).any():
     raise ValueError("the warm-start demos hold no trained reply tokens: raise warmstart.max_len "
@@ -162,10 +167,11 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   # A check that met the target is the best one; otherwise the best check beats the last step.
   _, returned_step, final = best if best is not None else (None, step, trainer.params_state())
   losses = [float(x) for x in jax.device_get(losses)]
+  success, reward, length, truncated = jax.device_get(
+      (demos.success, demos.reward, demos.length, demos.truncated))
   stats = dict(loss=losses, steps=step, evals=evals, stopped_early=stopped,
                returned_step=returned_step,
-               demo_success=float(np.mean(demos.success)), demo_return=float(np.mean(demos.reward)),
-               demo_tokens=float(np.mean(demos.length)),
-               demo_truncated=float(np.mean(demos.truncated)),
+               demo_success=float(np.mean(success)), demo_return=float(np.mean(reward)),
+               demo_tokens=float(np.mean(length)), demo_truncated=float(np.mean(truncated)),
                seconds=dict(demos=t1 - t0, train=time.perf_counter() - t1))
   return final, stats
