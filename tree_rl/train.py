@@ -444,7 +444,8 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
   config = parts.config
   if config.model.preset == "hf" or not config.warmstart.enabled:
     return nnx.to_pure_dict(nnx.state(parts.model, nnx.Param)), {"skipped": True}
-  key = _step_key(config, 2**31 - 1, 0)  # a stream no RL step uses
+  stream = (2**31 - 1, 0)   # a stream no RL step uses
+  key = _folded_key(int(config.seed), stream)
   evaluate = None
   if float(config.warmstart.target_success) < 1.0:
     # Early stopping looks at train maps only: the held-out split stays unseen until RL's eval.
@@ -460,7 +461,8 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
     def evaluate(params):
       # placed like the learner's weights, so the check runs the evaluation's own programs
       params = jax.device_put(nnx.to_pure_dict(params), parts.train_step.param_shardings)
-      success = train_eval.greedy_success(new_cache(parts, params), jax.random.fold_in(key, 1))[0]
+      success = train_eval.greedy_success(new_cache(parts, params),
+                                          _folded_key(int(config.seed), stream + (1,)))[0]
       console.write(f"warm start: step {next(checks)}, greedy success {success:.2f} on {n} train "
                     f"maps (target {float(config.warmstart.target_success):.2f})")
       return success

@@ -173,7 +173,7 @@ def warm_up(engine: Engine, method: RolloutMethod, cache, env_states, *, budget:
   if engine.host:
     return cache
   layout = _layout(engine, method, env_states, capacity)
-  key = jax.random.key(0)
+  key = jax.random.wrap_key_data(np.zeros((2,), np.uint32))   # any key: no program to make one
   for parents in engine.bucket_requests(layout, cache.num_shards):   # host arrays, as `advance` reads them
     rs = engine.start(cache, env_states, layout)
     rs, _ = engine.advance(rs, parents, key, keep_parents=method.keep_contexts,
