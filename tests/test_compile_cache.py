@@ -42,3 +42,26 @@ def test_second_process_loads_instead_of_compiling(tmp_path):
 def test_empty_directory_disables(tmp_path):
   used, _, configured, hits = _run("")
   assert used == configured == "None" and hits == "0"
+
+
+def test_host_values_reach_the_device_without_a_program():
+  import jax
+  import numpy as np
+  from tree_rl import compile_cache, tasks
+  built, _ = compile_cache.programs_built()
+  values = [np.arange(7, dtype=np.int64), [3, 1, 2], np.float64(2.5), np.zeros((3, 5), bool)]
+  for v, dtype in zip(values, [None, np.int32, np.float32, None]):
+    got = compile_cache.to_device(v, dtype)
+    assert isinstance(got, jax.Array)
+    want = np.asarray(v, dtype)
+    assert got.dtype == jax.dtypes.canonicalize_dtype(want.dtype) and got.shape == want.shape
+    np.testing.assert_array_equal(np.asarray(got), want)
+  # the identity take hands the states back; any other index set is gathered
+  states = {"a": compile_cache.to_device(np.arange(12).reshape(4, 3)),
+            "b": compile_cache.to_device(np.arange(4.0))}
+  assert tasks.take(states, np.arange(4)) is states
+  assert compile_cache.programs_built()[0] == built        # nothing above built a program
+  picked = tasks.take(states, np.array([2, 2, 0]))
+  np.testing.assert_array_equal(np.asarray(picked["a"]), np.arange(12).reshape(4, 3)[[2, 2, 0]])
+  np.testing.assert_array_equal(np.asarray(picked["b"]), np.array([2.0, 2.0, 0.0]))
+  assert compile_cache.programs_built()[0] == built + 1    # the gather: one program

@@ -44,7 +44,7 @@ class Evaluator:
     count = int(config.train.eval_prompts)
     n = jax.tree.leaves(states)[0].shape[0]
     self.num_prompts = min(count, n) if count > 0 else n
-    self.states = tasks.take(states, np.arange(self.num_prompts)) if self.num_prompts < n else states
+    self.states = tasks.take(states, np.arange(self.num_prompts))
     # a chunk splits over the processes and each process's data shards (padding prompts are
     # not counted); process i evaluates its share of every chunk, and the results are gathered
     split = shards * hosts.count()

@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tree_rl import envs
 from tree_rl.compile_cache import light_jit
@@ -41,9 +42,17 @@ class TaskSet:
         env.close()
 
 
-@light_jit
 def take(states, idx):
-  """The states of tasks `idx` [B] from batched states [N, ...] (one program per shape)."""
+  """The states of tasks `idx` [B] from batched states [N, ...] (one program per shape); host
+  indices 0..N-1 in order give `states` themselves (no program)."""
+  n = jax.tree.leaves(states)[0].shape[0]
+  if isinstance(idx, np.ndarray) and np.array_equal(idx, np.arange(n)):
+    return states
+  return _take(states, idx)
+
+
+@light_jit
+def _take(states, idx):
   return jax.tree.map(lambda x: x[idx], states)
 
 

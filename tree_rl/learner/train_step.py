@@ -88,7 +88,7 @@ class TrainStep:
     self.replicated = NamedSharding(self.mesh, P())
     f32_params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, _master(a.dtype)),
                               self._init_params)
-    abstract_opt = jax.eval_shape(self.tx.init, f32_params)
+    abstract_opt = jax.eval_shape(jax.jit(self.tx.init), f32_params)   # jit: its constants are traced too
     opt_shardings = optax.tree_map_params(self.tx, lambda _, s: s, abstract_opt,
                                           self.param_shardings,
                                           transform_non_params=lambda _: self.replicated)
