@@ -22,7 +22,6 @@ import copy
 import numpy as np
 
 import jax
-import jax.numpy as jnp
 
 from tree_rl import console, hosts, tasks
 from tree_rl.compile_cache import to_device

@@ -138,8 +138,9 @@ def _prompt_batch(config, num_tasks: int, position: int, count: int
           np.arange(position, position + count, dtype=np.int32))
 
 
-def _step_key(config, step: int, stream: int) -> jax.Array:
-  return _folded_key(int(config.seed), (step, stream))
+def _step_key(config, *path: int) -> jax.Array:
+  """key(config.seed) folded in with `path` (step, stream, ...)."""
+  return _folded_key(int(config.seed), path)
 
 
 @jax.jit
@@ -154,7 +155,7 @@ def _folded_key(seed, path):
 def _eval_key(config) -> jax.Array:
   """One key for every evaluation: the same episodes' randomness at every step (common random
   numbers), so eval curves move only with the weights."""
-  return _folded_key(int(config.seed), (2**31 - 2,))
+  return _step_key(config, 2**31 - 2)
 
 
 # ----------------------------------------------------------------------------- one RL step
@@ -445,7 +446,7 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
   if config.model.preset == "hf" or not config.warmstart.enabled:
     return nnx.to_pure_dict(nnx.state(parts.model, nnx.Param)), {"skipped": True}
   stream = (2**31 - 1, 0)   # a stream no RL step uses
-  key = _folded_key(int(config.seed), stream)
+  key = _step_key(config, *stream)
   evaluate = None
   if float(config.warmstart.target_success) < 1.0:
     # Early stopping looks at train maps only: the held-out split stays unseen until RL's eval.
@@ -461,8 +462,7 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
     def evaluate(params):
       # placed like the learner's weights, so the check runs the evaluation's own programs
       params = jax.device_put(nnx.to_pure_dict(params), parts.train_step.param_shardings)
-      success = train_eval.greedy_success(new_cache(parts, params),
-                                          _folded_key(int(config.seed), stream + (1,)))[0]
+      success = train_eval.greedy_success(new_cache(parts, params), _step_key(config, *stream, 1))[0]
       console.write(f"warm start: step {next(checks)}, greedy success {success:.2f} on {n} train "
                     f"maps (target {float(config.warmstart.target_success):.2f})")
       return success

@@ -425,8 +425,7 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
              ("shared_pages", int(shared_pages)), ("window_pages", int(window_pages)),
              ("turn_segments", int(turn_segments)),
              ("entropy_tokens", min(int(entropy_tokens), int(max_new))))
-  stop = to_device(stop_ids if hasattr(stop_ids, "shape") else np.asarray(list(stop_ids) or [-1]),
-                   np.int32).reshape(-1)
+  stop = to_device(stop_ids if hasattr(stop_ids, "shape") else list(stop_ids), np.int32).reshape(-1)
   if stop.shape[0] == 0:
     stop = to_device(np.full((1,), -1, np.int32))
   if np.ndim(temperature) == 0:   # a host array: no program is compiled for it
