@@ -347,7 +347,8 @@ def test_engine_steps_trace_once_per_shape():
   eng = Engine(env, TOK, max_turns=3, max_tokens_per_turn=6, attention="reference",
                row_buckets="full")
   chex.clear_trace_counter()
-  eng._commit_jit = jax.jit(chex.assert_max_traces(eng._commit, n=1), donate_argnums=(0, 1))
+  eng._commit_jit = jax.jit(chex.assert_max_traces(eng._commit, n=1), donate_argnums=(0, 1),
+                          static_argnames=("shards", "widths"))
   eng._plan_jit = jax.jit(chex.assert_max_traces(eng._plan, n=1), static_argnums=(4, 5, 6, 7, 8, 9))
   policy = methods.get("chain")(rollout_config().rollout)
   for seed in range(2):   # 3 turns x 2 rollouts, one trace each
@@ -409,9 +410,10 @@ def test_gigpo_on_a_tree_rollout_anchors_each_turn_at_its_parents_state():
 
 
 def test_observation_prefill_runs_only_the_branches_that_go_on(monkeypatch):
-  """With live-row buckets an observation prefill runs on the turn's decode rows (a power of
-  two of the branches decoded, at least an eighth of all slots, so it shares their shape) with only the branches that go on
-  valid, none after the last turn, and builds the same tree."""
+  """With live-row buckets an observation prefill runs on the branches that go on only, compacted
+  into a power of two of their count (at least an eighth of all slots: a row count decode uses
+  too), fewer rows than the turn decoded once branches end, none after the last turn, and
+  builds the same tree."""
   from tree_rl import sampling
   from tree_rl.buckets import pow2_bucket
   env, model, _, states, box = setup()
@@ -432,7 +434,7 @@ def test_observation_prefill_runs_only_the_branches_that_go_on(monkeypatch):
     rs, children = advance(rs, *a, **kw)
     decoded = int(np.sum(np.asarray(children) >= 0))
     turns.append(decoded)
-    paired.extend((call, decoded) for call in calls[n:])   # the turn's observation prefill
+    paired.extend((call, decoded) for call in calls[n:n + 1])   # the turn's first obs chunk
     return rs, children
   paired = []
 
@@ -442,9 +444,10 @@ def test_observation_prefill_runs_only_the_branches_that_go_on(monkeypatch):
   # the prompts, then one per turn that leaves a branch going on: fewer than the decoded turns
   assert 2 <= len(calls) < 1 + sum(t > 0 for t in turns), (calls, turns)
   assert calls[0] == (P, P) and len(paired) == len(calls) - 1, (calls, turns)
-  full = P * policy.slots   # rows: a power of two of the branches, at least full / 8
-  assert all(1 <= n <= t and rows == min(full, max(pow2_bucket(t), pow2_bucket(full // 8)))
-             for (rows, n), t in paired), (paired, full)
-  assert any(n < t for (_, n), t in paired), f"no branch ended before the last turn: {paired}"
+  full = P * policy.slots   # rows: a power of two of the branches going on, at least full / 8
+  bucket = lambda n: min(full, max(pow2_bucket(n), pow2_bucket(full // 8)))  # noqa: E731
+  assert all(1 <= n <= t and rows == bucket(n) for (rows, n), t in paired), (paired, full)
+  # a turn whose branches partly ended prefills fewer rows than it decoded
+  assert any(rows < bucket(t) for (rows, _), t in paired), f"none narrower than its decode: {paired}"
   shared, _ = cached("tree_grpo")
   np.testing.assert_array_equal(jax.device_get(out.tree.tokens), shared.tree.tokens)

@@ -23,7 +23,7 @@ from tree_rl.rollout.engine import Engine, Layout, busiest_shard, shard_width  #
 TOK = BuiltinTokenizer()
 # the programs of one agent turn (engine pieces and sampler operations)
 PER_TURN = {"jit(_plan)", "jit(fork_shard)", "jit(decode_shard)", "jit(_commit)",
-            "jit(_obs_chunk)", "jit(prefill_shard)", "jit(_charge_prefill)", "jit(release_shard)"}
+            "jit(prefill_shard)", "jit(_charge_next)", "jit(release_shard)"}
 
 
 def _engine(row_buckets="pow2"):
@@ -74,7 +74,11 @@ def test_a_rollout_after_the_warm_up_builds_no_turn_program_and_samples_the_same
   cache = new_cache(model, [(engine, layout)], num_pages=400, page_size=16, kv_dtype="float32")
   before, _ = compile_cache.programs_built()
   cache = warm_up(engine, policy, cache, states)
-  assert {"jit(_plan)", "jit(_commit)"} <= set(compile_cache.built_since(before))
+  built = compile_cache.built_since(before)
+  assert {"jit(_plan)", "jit(_commit)"} <= set(built)
+  # one observation prefill and one charge per row count (the prompts' prefill aside): what is
+  # built ahead is what the turns then call
+  assert built.count("jit(_charge_next)") == built.count("jit(prefill_shard)") - 1 >= 2, built
   assert int(jnp.sum(cache.state.live)) == 0   # the warm-up leaves every slot empty
   mid, _ = compile_cache.programs_built()
   warm, cache = run(engine, policy, cache, states, jax.random.key(3))

@@ -1,5 +1,6 @@
 """Greedy decoding through the paged cache equals greedy decoding by dense recomputation."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -164,19 +165,24 @@ def test_one_prefill_program_reads_cached_contexts_of_any_length(model, monkeypa
 
 def test_prefill_built_ahead_of_time_is_not_built_again(model):
   """prefill(..., run=False) compiles the program for its shapes and changes nothing; the real
-  call with those shapes then builds no program and gives the dense logits."""
+  call with those shapes, and a consumer built from the output shapes it hands back, then
+  build no program, and the call gives the dense logits."""
   from tree_rl import compile_cache
   d = Driver(model, max_seqs=8, num_pages=80)   # a pool no other test uses: a fresh shape
   tokens = np.zeros((3, 5), np.int32)
   tokens[:, :4] = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
   slots, lens = np.array([0, 1, 2], np.int32), np.array([4, 4, 2], np.int32)
   before, _ = compile_cache.programs_built()
-  cache, out = sampling.prefill(d.cache, slots, tokens, lens, run=False)
-  assert out is None and cache is d.cache and int(np.asarray(cache.lens).sum()) == 0
+  cache, shapes = sampling.prefill(d.cache, slots, tokens, lens, run=False)
+  assert cache is d.cache and int(np.asarray(cache.lens).sum()) == 0
+  # a consumer of the output built ahead from the shapes handed back
+  consume = jax.jit(lambda o: o.computed + o.status)
+  consume.lower(shapes).compile()
   assert compile_cache.programs_built()[0] > before
   built, _ = compile_cache.programs_built()
   cache, out = sampling.prefill(d.cache, slots, tokens, lens)
-  assert compile_cache.programs_built()[0] == built
+  consume(out)
+  assert compile_cache.programs_built()[0] == built   # neither is built again
   for i in range(3):
     want = dense_logprobs(model, tokens[i, :lens[i]])[-1]
     np.testing.assert_allclose(_log_softmax(out.logits[i]), want, atol=2e-4)

@@ -116,13 +116,34 @@ def shard_width(busiest: int, shards: int, full: int, bucketed: bool) -> int:
   return shards * pow2_bucket(busiest, pow2_bucket(max(1, per // 8), 1, per), per)
 
 
-def _obs_chunk(obs, obs_len, need_obs, start, tokens: int):
+def _obs_chunk(rows: "ObsRows", start, tokens: int):
   """Tokens [start, start + tokens) of a turn's observations (start traced: one program per
-  row count): tokens [W, tokens], lengths (at least 1), valid (rows with tokens there)."""
-  obs = jnp.pad(obs, ((0, 0), (0, tokens)))
+  row count): tokens [R, tokens], lengths (at least 1), valid (rows with tokens there)."""
+  obs = jnp.pad(rows.obs, ((0, 0), (0, tokens)))
   chunk = jax.lax.dynamic_slice_in_dim(obs, start, tokens, axis=1)
-  lens = jnp.clip(obs_len - start, 0, tokens)
-  return chunk, jnp.maximum(lens, 1), need_obs & (lens > 0)
+  lens = jnp.clip(rows.obs_len - start, 0, tokens)
+  return chunk, jnp.maximum(lens, 1), rows.valid & (lens > 0)
+
+
+@struct.dataclass
+class ObsRows:
+  """A turn's observations to prefill, on the rows of the branches that go on (compacted by data
+  shard like decode rows, `shard_rows`; padding rows invalid)."""
+
+  prompt: jax.Array    # int32 [R] prompt of the row
+  slots: jax.Array     # int32 [R] the child's sampler slot
+  obs: jax.Array       # int32 [R, obs_capacity]
+  obs_len: jax.Array   # int32 [R] (0 on padding rows)
+  valid: jax.Array     # bool [R]
+
+  @staticmethod
+  def going(prompt, slots, obs, obs_len, need_obs, shards: int, width: int) -> "ObsRows":
+    """The rows of `need_obs` [W] (grouped by data shard) compacted into `width` rows."""
+    idx = shard_rows(need_obs, shards, width)
+    ok = idx >= 0
+    i = jnp.maximum(idx, 0)
+    return ObsRows(prompt=prompt[i], slots=slots[i], obs=obs[i],
+                   obs_len=jnp.where(ok, obs_len[i], 0), valid=ok)
 
 
 class RolloutError(RuntimeError):
@@ -166,8 +187,9 @@ class Engine:
   chains in one rollout), top_k, top_p; attention: the sampler's paged attention (auto | cascade | reference).
   row_buckets: 'pow2' decodes only the live branches, padded to a power of two of at least an
   eighth of every slot (`shard_width`: at most four shapes),
-  'full' always decodes every slot (one shape); an observation is prefilled on the rows of its
-  turn's decode (only the branches that go on valid), so both share one row count.
+  'full' always decodes every slot (one shape); observations are prefilled on the branches
+  that go on only, compacted and padded the same way (with 'full', on every slot), so decode
+  and prefill share one set of row counts.
   obs_chunk: observations are prefilled `obs_chunk` tokens per call, as many calls as the turn's
   longest observation needs (a row pads less than one chunk; one program per row count, never
   one per observation length); 0 prefills the whole observation capacity in one call.
@@ -224,10 +246,11 @@ class Engine:
     self._roots_jit = light_jit(self._roots, static_argnums=(4, 5))
     self._busiest_jit = light_jit(busiest_shard, static_argnums=(1,))
     self._plan_jit = light_jit(self._plan, static_argnums=(4, 5, 6, 7, 8, 9))
-    self._commit_jit = light_jit(self._commit, donate_argnums=(0, 1))
+    self._commit_jit = light_jit(self._commit, donate_argnums=(0, 1),
+                                 static_argnames=("shards", "widths"))
     self._charge_jit = light_jit(self._charge_prefill, donate_argnums=(0,))
     self._context_jit = light_jit(self._contexts)
-    self._charge_next_jit = light_jit(self._charge_next, static_argnums=(9,), donate_argnums=(0,))
+    self._charge_next_jit = light_jit(self._charge_next, static_argnums=(6,), donate_argnums=(0,))
     self._release_jit = light_jit(lambda live, mask: ((mask & live).reshape(-1), live & ~mask))
     self._peak_jit = light_jit(lambda peak, num_free, pages: jnp.maximum(peak, jnp.max(pages - num_free)),
                              static_argnums=(2,))
@@ -235,7 +258,7 @@ class Engine:
     self._repeat_jit = light_jit(lambda toks, lens, m: (jnp.repeat(toks, m, axis=0), jnp.repeat(lens, m)),
                                static_argnums=(2,))
     self._slots = {}   # (layout, shards, seqs) -> device slots [P * N] of every node
-    self._prefill_built = set()   # (rows, chunk) of the observation prefills built
+    self._prefill_built = set()   # (cache spec, mesh, rows, chunk) of the obs prefills built
 
   # ------------------------------------------------------------------ sizes
   def max_context(self) -> int:
@@ -332,12 +355,16 @@ class Engine:
     keys = node_keys(key, tree.prompt_id[plan.prompt], plan.child)
     return plan, children, jnp.any(overflow), at(plan.parent), at(plan.child), keys, live, drop
 
-  def _commit(self, tree, budget, plan: TurnPlan, out_tokens, out_logprobs, out_lengths, key,
-              out_entropy=None, stepped: HostStep | None = None):
+  def _commit(self, tree, budget, plan: TurnPlan, child_slots, out_tokens, out_logprobs,
+              out_lengths, key, out_entropy=None, stepped: HostStep | None = None, *,
+              shards: int = 1, widths: tuple[int, ...] = ()):
     """Step the env for every decoded turn and write the child nodes (one jitted call); the
     env's keys derive from fold_in(key, 1). out_entropy [W, max_new] (0 after the first
     entropy_tokens and after the length) or None. stepped: a host env's results for the rows
-    (the env is not stepped here)."""
+    (the env is not stepped here). Returns (tree, budget, ended [P, N], sizes [2] = (longest
+    observation, going rows of the busiest data shard), and for each row count in `widths` the
+    going rows' `ObsRows` and first observation chunk: the host picks one once it has read
+    `sizes`, so no program is built per pair of row counts)."""
     key = jax.random.fold_in(key, 1)
     wp, wpar, wchild, valid = plan.prompt, plan.parent, plan.child, plan.valid
     w = wp.shape[0]
@@ -409,9 +436,10 @@ class Engine:
     ended = valid & (done | trunc)
     ended_mask = jnp.zeros(tree.used.shape, bool).at[wp, jnp.where(ended, wchild, tree.capacity)].set(
         True, mode="drop")
-    sizes = jnp.stack([jnp.max(obs_len), jnp.sum(need_obs)]).astype(jnp.int32)
-    first = _obs_chunk(obs, obs_len, need_obs, 0, self.obs_chunk or obs.shape[1])
-    return tree, budget, obs, obs_len, need_obs, ended_mask, sizes, first
+    sizes = jnp.stack([jnp.max(obs_len), busiest_shard(need_obs, shards)]).astype(jnp.int32)
+    going = [ObsRows.going(wp, child_slots, obs, obs_len, need_obs, shards, r) for r in widths]
+    return tree, budget, ended_mask, sizes, [
+        (rows, _obs_chunk(rows, 0, self.obs_chunk or obs.shape[1])) for rows in going]
 
   def _contexts(self, tree, plan: TurnPlan, child_slots, rows):
     """Root..parent tokens of plan rows `rows`: what the no-sharing baseline re-encodes into
@@ -431,11 +459,11 @@ class Engine:
     return budget.add(prefilled=jax.ops.segment_sum(jnp.where(ok, computed, 0), wp, num_segments=p))
 
   @staticmethod
-  def _charge_next(budget, wp, computed, ok, status, obs, obs_len, need_obs, start, tokens: int):
+  def _charge_next(budget, rows: ObsRows, computed, ok, status, start, tokens: int):
     """Charge one observation chunk's prefill and slice the next one (one program per row
     count): (budget, the chunk at `start`)."""
-    budget = Engine._charge_prefill(budget, wp, computed, ok, status)
-    return budget, _obs_chunk(obs, obs_len, need_obs, start, tokens)
+    budget = Engine._charge_prefill(budget, rows.prompt, computed, ok, status)
+    return budget, _obs_chunk(rows, start, tokens)
 
   @staticmethod
   def _fork_rows(plan: TurnPlan, shards: int, width: int):
@@ -569,30 +597,42 @@ class Engine:
     if not keep_parents:
       rs = self.release(rs, drop)
     stepped = rs.host.step(host_rows, out, self.eot, self.obs_capacity) if self.host else None
-    tree, budget, obs, obs_len, need_obs, ended, sizes, (toks, lens, ok) = self._commit_jit(
-        rs.tree, rs.budget, plan, out.tokens, out.logprobs, out.lengths, key, out.entropy, stepped)
+    full = layout.num_prompts * layout.slots
+    widths = tuple(r for r in self.row_counts(layout, rs.shards) if r <= width)
+    tree, budget, ended, sizes, going = self._commit_jit(
+        rs.tree, rs.budget, plan, child_slots, out.tokens, out.logprobs, out.lengths, key,
+        out.entropy, stepped, shards=rs.shards, widths=widths)
     cache = rs.cache
-    longest, going = (int(x) for x in jax.device_get(sizes))
-    chunk = self.obs_chunk or obs.shape[1]
-    # the observations of the branches that go on (none after the last turn), `chunk` tokens
-    # per call: as many calls as the longest one needs, one program per row count (the commit
-    # slices the first chunk, each charge the next)
-    for start in range(0, longest if going else 0, chunk):
-      cache, pre = sampling.prefill(cache, child_slots, toks, lens, ok)
-      self._check("prefill", pre.status, child_slots, ok)
-      budget, (toks, lens, ok) = self._charge_next_jit(
-          budget, plan.prompt, pre.computed, ok, pre.status, obs, obs_len, need_obs, start + chunk,
-          chunk)
-    if not going and (width, chunk) not in self._prefill_built:
-      # a row count first met on a last turn: build its prefill now, not in a later step
-      sampling.prefill(cache, child_slots, toks, lens, ok, run=False)
-      self._charge_next_jit.lower(budget, plan.prompt, lens, ok, lens, obs, obs_len, need_obs,
-                                  chunk, chunk).compile()
-    self._prefill_built.add((width, chunk))
+    chunk = going[0][1][0].shape[1]   # tokens per observation chunk
+    for rows, first in going:   # every prefill this row count can lead to, built now
+      self._build_prefill(cache, budget, rows, first, chunk)
+    longest, busiest = (int(x) for x in jax.device_get(sizes))
+    if busiest:
+      # the observations of the branches that go on (none after the last turn), on their rows
+      # only, `chunk` tokens per call: as many calls as the longest one needs (the commit
+      # slices the first chunk, each charge the next)
+      rows, (toks, lens, ok) = going[widths.index(
+          shard_width(busiest, rs.shards, full, self.row_buckets != "full"))]
+      for start in range(0, longest, chunk):
+        cache, pre = sampling.prefill(cache, rows.slots, toks, lens, ok)
+        self._check("prefill", pre.status, rows.slots, ok)
+        budget, (toks, lens, ok) = self._charge_next_jit(
+            budget, rows, pre.computed, ok, pre.status, start + chunk, chunk)
     peak = self._peak_jit(rs.peak_pages, cache.state.num_free, cache.spec.num_pages)
     rs = dataclasses.replace(rs, cache=cache, tree=tree, budget=budget, peak_pages=peak,
                              turns=rs.turns + 1)
     return self.release(rs, ended), children
+
+  def _build_prefill(self, cache, budget, rows: ObsRows, first, chunk: int) -> None:
+    """Compile (without running) the observation prefill and charge for `rows`' row count once
+    (jit finds the program when it is called), so no later step meets a new row count."""
+    key = (cache.spec, cache.mesh, rows.slots.shape[0], chunk)
+    if key in self._prefill_built:
+      return
+    toks, lens, ok = first
+    _, pre = sampling.prefill(cache, rows.slots, toks, lens, ok, run=False)
+    self._charge_next_jit.lower(budget, rows, pre.computed, ok, pre.status, chunk, chunk).compile()
+    self._prefill_built.add(key)
 
   def _reencode_forks(self, rs: RolloutState, plan: TurnPlan, par_slots, child_slots):
     """The no-sharing baseline: a continuation keeps its parent's cache, a new branch

@@ -299,8 +299,14 @@ def _merge(static: _Static, leaves):
 def _call(make, cache: Cache, *args, statics=(), run: bool = True):
   fn = _build(make, cache.graphdef, cache.spec, cache.mesh, cache.data_axis, tuple(statics))
   if not run:   # compile only (ahead of time): the later call with these shapes finds the program
-    fn.lower(cache.params, cache.state, *args).compile()
-    return cache, None
+    _, out = fn.lower(cache.params, cache.state, *args).compile().out_info
+    # what a consumer's program is keyed by: shape, dtype (outputs are strongly typed) and,
+    # when the inputs are committed to devices (so the outputs are too), placement; a memory
+    # layout given to `lower` would key another program
+    committed = any(getattr(x, "committed", False)
+                    for x in jax.tree.leaves((cache.params, cache.state, args)))
+    return cache, jax.tree.map(lambda s: jax.ShapeDtypeStruct(
+        s.shape, s.dtype, sharding=s.sharding if committed else None), out)
   state, out = fn(cache.params, cache.state, *args)
   return (cache if state is None else cache.replace(state=state)), out
 
@@ -330,7 +336,8 @@ def prefill(cache: Cache, slots, tokens, lengths, valid=None, *, read_cache: boo
   sequence: fresh prompts; a row with cached pages is refused); otherwise attention reads the
   cached pages in blocks, as far as the longest row's cache reaches, with no host round trip
   and one compiled program for every context length. run=False only compiles the program for
-  these shapes (nothing runs; returns (cache, None)).
+  these shapes (nothing runs; returns the cache and the output's shapes, dtypes and placements,
+  as `jax.ShapeDtypeStruct`s, to build what consumes it ahead of time too).
   """
   slots = _rows(slots, jnp.int32, "slots")
   tokens = jnp.asarray(tokens, jnp.int32)

@@ -48,7 +48,8 @@ def prefill(model, state: C.CacheState, slots: jax.Array, tokens: jax.Array, len
   granted, offset = C.grant_pages(need, state.num_free[0])
   S = C.Status
   status = jnp.where(~ok, S.INVALID, jnp.where(~fits, S.SEQ_CAPACITY,
-                                               jnp.where(granted, S.OK, S.OUT_OF_PAGES)))
+                                               jnp.where(granted, S.OK, S.OUT_OF_PAGES))
+                     ).astype(jnp.int32)   # strongly typed, like every output
   ok = status == S.OK
   width = C.cdiv(t, ps) + 1
   new_pages, pop_ok = C.pop_pages(state, offset, jnp.where(ok, need, 0), width)
