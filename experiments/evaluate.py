@@ -1,6 +1,11 @@
 """Evaluate saved policies of a run on the held-out split, one JSON line per checkpoint step.
 
     python -m experiments.evaluate --workdir=runs/default --steps=0,16 --config.train.eval_samples=8
+    python -m experiments.evaluate --workdir=runs/default --maps=maps.json   # any FrozenLake maps
+
+`--maps=FILE.json` evaluates on the maps of a JSON file instead of the held-out split (a list of
+{"rows": ["SFFH", "FHFG", ...]} in gymnasium's letters; `tree_rl.data.frozenlake_json` says
+what is checked), e.g. another framework's published test set; each row then names the file.
 
 The run's own config (its config.json) is used; `--config.x=...` may change only fields that
 change neither the policy nor the evaluation set (`tree_rl.config.EVAL_ONLY`), and an explicit
@@ -16,6 +21,7 @@ from ml_collections import config_flags
 
 from tree_rl import compile_cache
 from tree_rl.config import eval_config, exit_on_bad_input, parse_flags_or_exit
+from tree_rl.validation import validate
 
 _CACHE = compile_cache.define_flag()
 _CONFIG = config_flags.DEFINE_config_file(
@@ -23,6 +29,8 @@ _CONFIG = config_flags.DEFINE_config_file(
     "Only to check against the run's saved config (default: the run's own config.json).")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Run directory holding checkpoints/.")
 _STEPS = flags.DEFINE_list("steps", [], "Checkpoint steps to evaluate (default: the latest).")
+_MAPS = flags.DEFINE_string("maps", "", "A JSON file of FrozenLake maps to evaluate on instead of "
+                            "the held-out split (config.env.eval_maps).")
 
 
 def _overrides(argv) -> list[str]:
@@ -41,13 +49,17 @@ def main(argv):
   try:
     config = eval_config(_WORKDIR.value, _CONFIG.value if explicit or overrides else None,
                          overrides=None if explicit else overrides)
+    if _MAPS.value:
+      config.env.eval_maps = _MAPS.value
+      validate(config)
   except (ValueError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr, flush=True)
     sys.exit(2)
   compile_cache.enable(_CACHE.value)
   from tree_rl.train import evaluate_checkpoint
+  named = {"maps": _MAPS.value} if _MAPS.value else {}
   for step in [int(s) for s in _STEPS.value] or [None]:
-    print(json.dumps(evaluate_checkpoint(config, _WORKDIR.value, step)), flush=True)
+    print(json.dumps(named | evaluate_checkpoint(config, _WORKDIR.value, step)), flush=True)
 
 
 if __name__ == "__main__":

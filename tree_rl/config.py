@@ -60,6 +60,8 @@ def base_config() -> ml_collections.ConfigDict:
       split="train",            # toolcall: question split episodes draw from (train | test)
       data_dir="",              # TFDS dir of prepared map sets / KB (tree_rl.data); "" = generate from data_seed
       data_seed=42,             # seed of the fixed FrozenLake map sets (rLLM: 42) and of the toolcall KB
+      eval_maps="",             # frozenlake: a JSON file of maps to evaluate on instead of the held-out split
+                                # ([{"rows": ["SFFH", ...]}, ...] in gymnasium letters; tree_rl.data.frozenlake_json)
       top_k=3,                  # toolcall: facts returned per search
       max_calls=4,              # toolcall: tool calls per episode (methods compare at equal budgets)
       scratch_dir="",           # codefix: where the sandbox's workspaces live ("" = a new temp dir per env)

@@ -84,6 +84,9 @@ def frozenlake_tasks(config, tokenizer, directory) -> TaskSet:
       name=name, preset=preset, num_train=num_train, num_test=num_test, seed=sizes.seed)
   FrozenLakeMaps(data_dir=directory, config=maps).download_and_prepare(file_format="array_record")
   load = lambda split: load_frozenlake_maps(directory, split, env, config=name)
+  if config.env.get("eval_maps", ""):   # a map set given as JSON replaces the held-out split
+    from tree_rl.data.frozenlake_json import load_json_maps
+    return TaskSet(env, env, load("train"), load_json_maps(config.env.eval_maps, env))
   return TaskSet(env, env, load("train"), load("test"))
 
 

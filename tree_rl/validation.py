@@ -65,6 +65,7 @@ def validate(config, *, engine=None, layout=None) -> None:
   _check(s.kv_dtype in KV_DTYPES, f"config.sampler.kv_dtype={s.kv_dtype!r}; known: {KV_DTYPES}")
   _check(s.attention in ATTENTION, f"config.sampler.attention={s.attention!r}; known: {ATTENTION}")
   _check_shards(config)
+  _check_eval_maps(config.env)
   if m.preset == "hf":
     path = m.hf_path
     _check(bool(path) and os.path.isfile(os.path.join(path, "config.json")),
@@ -135,3 +136,18 @@ def _check_shards(config) -> None:
   _check(want * tensor <= jax.local_device_count(),
          f"config.sampler.data_shards={want} x tensor {tensor} needs {want * tensor} devices; "
          f"this process has {jax.local_device_count()}")
+
+
+def _check_eval_maps(env) -> None:
+  """A FrozenLake `env.eval_maps` file must hold valid maps the preset's largest side fits."""
+  path = env.get("eval_maps", "")
+  if not path:
+    return
+  _check(env.name == "frozenlake",
+         f"config.env.eval_maps is a FrozenLake option; config.env.name={env.name!r}")
+  from tree_rl.data.frozenlake_json import MapsFileError, read_maps
+  from tree_rl.envs.frozenlake import FrozenLake
+  try:
+    read_maps(path, FrozenLake(env.preset).max_size)
+  except MapsFileError as e:
+    raise ConfigError(f"config.env.eval_maps: {e}") from None

@@ -8,8 +8,13 @@ import sys
 
 import pytest
 
+import numpy as np
+
 from configs import frozenlake
+from tree_rl import tasks
+from tree_rl.data.frozenlake_json import rows_of
 from tree_rl.metrics import read_jsonl
+from tree_rl.models import build_tokenizer
 from tree_rl.train import evaluate_checkpoint, train_and_evaluate
 
 from loop_helpers import ROOT, smoke
@@ -49,6 +54,25 @@ def test_eval_of_a_checkpoint_is_reproducible_and_matches_the_log(tmp_path, data
   assert "rollout.method='patr' (run: 'chain')" in proc.stderr
   proc = _evaluate_cli(f"--workdir={workdir}", "--config.rollout.temperature=0.5")
   assert proc.returncode == 2 and "rollout.temperature=0.5 (run: 1.0)" in proc.stderr
+
+  # --maps: the held-out maps written as gymnasium JSON give the logged numbers again (the same
+  # maps, in the same order, so the same keys); a malformed file is refused in one line
+  held_out = tasks.build(config, build_tokenizer(config)).test_states
+  maps = [{"rows": rows_of(*(np.asarray(x)[i] for x in (held_out.tiles, held_out.nrow,
+                                                         held_out.ncol, held_out.start)))}
+          for i in range(8)]
+  (tmp_path / "maps.json").write_text(json.dumps(maps))
+  proc = _evaluate_cli(f"--workdir={workdir}", "--steps=2", f"--maps={tmp_path / 'maps.json'}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  got = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert got["maps"] == str(tmp_path / "maps.json")
+  assert {k: v for k, v in got.items() if k.startswith("eval/")} == \
+      {k: v for k, v in logged[2].items() if k.startswith("eval/")}
+  (tmp_path / "bad.json").write_text(json.dumps(maps[:1] + [{"rows": ["SH", "HG"]}]))
+  proc = _evaluate_cli(f"--workdir={workdir}", f"--maps={tmp_path / 'bad.json'}")
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert "config.env.eval_maps: maps file" in proc.stderr and \
+      "map 1: the goal is unreachable from the start" in proc.stderr
 
 
   # Export: an HF checkpoint + tokenizer that transformers loads and that generates the sampler's
