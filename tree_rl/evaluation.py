@@ -1,6 +1,8 @@
 """Held-out evaluation through the rollout engine: greedy and sampled chains per test prompt.
 
-Metrics: greedy success, sampled success (mean over `train.eval_samples` episodes per prompt),
+Metrics: greedy success, sampled success (mean over `train.eval_samples` episodes per prompt;
+both also per group of prompts where the env names groups, `TokenEnv.eval_groups`, e.g.
+`eval/greedy_success/side_3` for FrozenLake maps of side 3),
 pass@k as `eval/pass_at_k` (any of the k sampled episodes succeeds), mean turns, generated tokens
 and, where the env has tools, tool calls per episode; a host env's `info_fields` (codefix:
 visible / hidden test pass fractions) as their mean over the episodes' last states.
@@ -44,6 +46,8 @@ class Evaluator:
     n = jax.tree.leaves(states)[0].shape[0]
     self.num_prompts = min(count, n) if count > 0 else n
     self.states = tasks.take(states, np.arange(self.num_prompts))
+    self._groups_of = getattr(env, "eval_groups", lambda _: None)
+    self.groups = self._groups_of(self.states)
     # a chunk splits over the processes and each process's data shards (padding prompts are
     # not counted); process i evaluates its share of every chunk, and the results are gathered
     split = shards * hosts.count()
@@ -69,6 +73,7 @@ class Evaluator:
     other = copy.copy(self)
     other.num_prompts = jax.tree.leaves(states)[0].shape[0]
     other.states = states
+    other.groups = self._groups_of(states)
     return other
 
   def warm_up(self, cache):
@@ -126,6 +131,11 @@ class Evaluator:
       v = e["valid"] & mask
       episodes = max(int(v.sum()), 1)
       out[f"eval/{mode}_success"] = float((won & v).sum() / episodes)
+      if self.groups is not None:
+        name, labels = self.groups
+        for g in np.unique(labels):
+          vg = v & (labels == g)[:, None]
+          out[f"eval/{mode}_success/{name}_{g}"] = float((won & vg).sum() / max(int(vg.sum()), 1))
       out[f"eval/{mode}_mean_turns"] = float(e["turns"][v].sum() / episodes)
       if self.has_tools:
         out[f"eval/{mode}_tool_calls"] = float(e["calls"][v].sum() / episodes)

@@ -59,6 +59,9 @@ def test_greedy_chain_of_the_joint_rollout_equals_a_greedy_rollout_alone():
   v = np.asarray(out.valid)
   won = (np.asarray(out.reward) > 0) & v
   assert metrics["eval/greedy_success"] == won.sum() / v.sum()
+  sides = (4, 2, 3)   # one map of each side: its success is its own prompt's
+  for p, side in enumerate(sides):
+    assert metrics[f"eval/greedy_success/side_{side}"] == won[p].sum() / v[p].sum()
   t = jax.device_get(out.tree)
   turns = t.depth[np.arange(3)[:, None], np.maximum(np.asarray(out.leaf), 0)]
   assert np.isclose(metrics["eval/greedy_mean_turns"], turns[v].sum() / v.sum())
@@ -72,6 +75,10 @@ def test_greedy_chain_of_the_joint_rollout_equals_a_greedy_rollout_alone():
   won = (e["reward"] > 0) & sampled
   assert metrics["eval/pass_at_3"] == np.mean(won.any(axis=1))
   assert np.isclose(metrics["eval/sampled_success"], won.sum() / sampled.sum())
+  for p, side in enumerate(sides):
+    assert np.isclose(metrics[f"eval/sampled_success/side_{side}"], won[p].sum() / 3)
+  assert sorted(k for k in metrics if "/side_" in k) == sorted(
+      f"eval/{m}_success/side_{s}" for m in ("greedy", "sampled") for s in sides)
 
 
 def _group(config, g):

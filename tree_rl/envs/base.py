@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 class Environment(abc.ABC):
@@ -77,6 +78,12 @@ class TokenEnv(Environment):
     (step-level estimators such as GiGPO group turns by it). Default: a hash of every leaf; an
     env overrides it to leave out counters that do not change what the agent faces."""
     return pytree_hash(state)
+
+  def eval_groups(self, states: Any) -> tuple[str, np.ndarray] | None:
+    """(name, int labels [N]) of a batch of initial states: the evaluation also reports success
+    per label (FrozenLake: the map's side), read on the host. Default None: no groups."""
+    del states
+    return None
 
   def tool_calls(self, before: Any, after: Any) -> jax.Array:
     """int32: tool calls the step from `before` to `after` made (budgets in `tool_calls`).

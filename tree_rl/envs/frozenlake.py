@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+import numpy as np
 
 from tree_rl.compile_cache import to_device
 from tree_rl.envs.base import TokenEnv, pytree_hash
@@ -89,6 +90,10 @@ class FrozenLake(TokenEnv):
 
   def step(self, key, state, action, params=None):
     return transition(key, state, action, self._params if params is None else params)
+
+  def eval_groups(self, states):
+    """The maps' side (a rectangle's longer one): evaluation reports success per side."""
+    return "side", np.maximum(np.asarray(states.nrow), np.asarray(states.ncol))
 
   def state_key(self, state):
     """The anchor of a state: the agent's cell on its map (and whether the episode is over);
