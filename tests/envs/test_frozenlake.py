@@ -10,36 +10,19 @@ import numpy as np
 import pytest
 
 from tree_rl import envs
+from tree_rl.data.frozenlake_json import rows_of, shortest_path
 from tree_rl.envs import frozenlake as fl
 
 KEY = jax.random.key(0)
 
 
 def _gym_desc(tiles, size, start):
-  rows = []
-  for r in range(size):
-    row = ""
-    for c in range(size):
-      t = int(tiles[r, c])
-      row += "S" if (r, c) == tuple(start) else {fl.FROZEN: "F", fl.HOLE: "H", fl.GOAL: "G"}[t]
-    rows.append(row)
-  return rows
+  return rows_of(tiles, size, size, start)
 
 
 def _host_bfs(tiles, size, src, dst):
-  """Plain breadth-first search over the map (independent of the device bitmask BFS)."""
-  dist = {tuple(src): 0}
-  queue = collections.deque([tuple(src)])
-  while queue:
-    r, c = queue.popleft()
-    if (r, c) == tuple(dst):
-      return dist[(r, c)]
-    for dr, dc in ((0, -1), (1, 0), (0, 1), (-1, 0)):
-      nr, nc = r + dr, c + dc
-      if 0 <= nr < size and 0 <= nc < size and tiles[nr, nc] != fl.HOLE and (nr, nc) not in dist:
-        dist[(nr, nc)] = dist[(r, c)] + 1
-        queue.append((nr, nc))
-  return -1
+  """Plain breadth-first search on the host (independent of the device bitmask BFS)."""
+  return shortest_path(np.asarray(tiles)[:size, :size], src, dst)
 
 
 @pytest.fixture(scope="module")
