@@ -1,0 +1,65 @@
+"""Rule baselines on FrozenLake: the hint rule walks into a hole the grid shows, the random
+rule wins as often as the hand-computed probability, the expert wins every reachable map."""
+
+import jax
+import numpy as np
+import pytest
+
+from tree_rl.data.frozenlake_json import parse_maps
+from tree_rl.envs import frozenlake as fl
+from tree_rl.envs.frozenlake_rules import success
+
+
+def _states(env, rows_list):
+  m = parse_maps([{"rows": r} for r in rows_list], env.max_size)
+  return jax.vmap(env.init_state)(m["tiles"], m["nrow"], m["ncol"], m["start"])
+
+
+def test_the_hint_rule_is_blind_to_holes_and_the_expert_is_not():
+  env = fl.FrozenLake("rllm_small", max_turns=6)
+  states = _states(env, [["SF", "FG"],            # clear: Down, Right
+                         ["SF", "HG"],            # the hint's Down falls in the hole
+                         ["SFF", "HFF", "FFG"]])  # Down into the hole again
+  key = jax.random.key(0)
+  np.testing.assert_array_equal(success(env, states, "hint", key)[:, 0], [True, False, False])
+  np.testing.assert_array_equal(success(env, states, "expert", key)[:, 0], [True, True, True])
+
+
+def test_random_moves_win_as_often_as_computed_by_hand():
+  # "SF/HG": from S, Right or Down (the hole), 1/2 each; from the top right, Left or Down (the
+  # goal), 1/2 each. Right, Down wins: 1/4; within 3 turns nothing else does (Right, Left, Right
+  # ends one move short), so the rate at a 3-turn limit is 1/4.
+  env = fl.FrozenLake("rllm_small", max_turns=3)
+  won = success(env, _states(env, [["SF", "HG"]]), "random", jax.random.key(1), episodes=4000)
+  assert won.shape == (1, 4000)
+  assert abs(won.mean() - 0.25) < 0.025, won.mean()
+  # a corridor: every move that stays on the map leads on or back; "SG" wins in one move
+  env1 = fl.FrozenLake("rllm_small", max_turns=1)
+  assert success(env1, _states(env1, [["SG"]]), "random", jax.random.key(2), episodes=64).all()
+
+
+def test_an_unknown_rule_is_refused():
+  env = fl.FrozenLake("rllm_small")
+  with pytest.raises(ValueError, match="unknown rule 'greedy'"):
+    success(env, _states(env, [["SG"]]), "greedy", jax.random.key(0))
+
+
+def test_the_baselines_command_reports_each_rule_per_side(tmp_path):
+  import json
+  import subprocess
+  import sys
+  from pathlib import Path
+  maps = [["SF", "FG"], ["SF", "HG"], ["SFF", "HFF", "FFG"], ["SFF", "FFF", "FFG"]]
+  (tmp_path / "maps.json").write_text(json.dumps([{"rows": r} for r in maps]))
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.rule_baselines", f"--maps={tmp_path / 'maps.json'}",
+       f"--config.env.data_dir={tmp_path / 'tfds'}", "--config.train.num_train_tasks=8",
+       "--config.train.num_test_tasks=8"],
+      cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = {r["rule"]: r for r in map(json.loads, (line for line in proc.stdout.splitlines()
+                                                  if line.startswith("{")))}
+  # hint: wins the clear maps (one of each side), falls in the holes of the others
+  assert rows["hint"]["maps"] == 4 and rows["hint"]["success"] == 0.5
+  assert rows["hint"]["success/side_2"] == 0.5 and rows["hint"]["success/side_3"] == 0.5
+  assert rows["expert"]["success"] == 1.0 and rows["random"]["episodes_per_map"] == 8

@@ -1,0 +1,76 @@
+"""Rule policies on FrozenLake maps: the grid-blind baselines a learned policy has to beat, and
+the expert's ceiling.
+
+    hint    plays the goal hint's first direction word (Down, else Up, else Left, else Right:
+            the order the hint names offsets in), never looking at holes
+    random  a uniformly random move among those that stay on the map (holes not avoided)
+    expert  the move with the fewest breadth-first-search moves left to the goal (reads the grid)
+
+`success(env, states, rule, key, episodes)` plays `episodes` single-move turns per map, up to
+the env's turn limit, in one jitted program, and returns who reached the goal [N, episodes].
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tree_rl.envs import frozenlake as fl
+from tree_rl.warmstart.frozenlake_expert import best_move
+
+RULES = ("hint", "random", "expert")
+_DR = np.array([0, 1, 0, -1])   # row / column change of LEFT, DOWN, RIGHT, UP
+_DC = np.array([-1, 0, 1, 0])
+
+
+def hint_move(state) -> jax.Array:
+  """The hint's first word: Down or Up while the goal is on another row, then Left or Right."""
+  d = fl.goal_position(state) - state.pos
+  return jnp.where(d[0] > 0, fl.DOWN, jnp.where(d[0] < 0, fl.UP,
+                                                 jnp.where(d[1] < 0, fl.LEFT, fl.RIGHT)))
+
+
+def random_move(state, key) -> jax.Array:
+  """A uniformly random move among those that keep the player on the map."""
+  r, c = state.pos[0] + _DR, state.pos[1] + _DC
+  stays = (r >= 0) & (r < state.nrow) & (c >= 0) & (c < state.ncol)
+  return jax.random.choice(key, 4, p=stays / jnp.sum(stays)).astype(jnp.int32)
+
+
+def _move(rule: str, state, key):
+  if rule == "hint":
+    return hint_move(state)
+  if rule == "random":
+    return random_move(state, key)
+  if rule == "expert":
+    return best_move(state)
+  raise ValueError(f"unknown rule {rule!r}; known: {RULES}")
+
+
+def success(env: fl.FrozenLake, states, rule: str, key, episodes: int = 1) -> np.ndarray:
+  """bool [N, episodes]: whether `rule` reaches the goal of each map in batched initial `states`
+  within the env's turn and move limits (one move per turn; episode e of map i draws its random
+  moves from fold_in(fold_in(key, i), e))."""
+  if rule not in RULES:
+    raise ValueError(f"unknown rule {rule!r}; known: {RULES}")
+  params = env.default_params
+  turns = int(params.max_turns)
+  pad = jnp.full((env.max_actions - 1,), fl.NOOP, jnp.int32)
+
+  def episode(state, k):
+    def turn(s, kt):
+      k_move, k_step = jax.random.split(kt)
+      action = jnp.concatenate([_move(rule, s, k_move)[None], pad])
+      s, *_ = env.step(k_step, s, action, params)
+      return s, None
+    end, _ = jax.lax.scan(turn, state, jax.random.split(k, turns))
+    return end.won
+
+  def one_map(state, i):
+    keys = jax.vmap(lambda e: jax.random.fold_in(jax.random.fold_in(key, i), e))(
+        jnp.arange(episodes))
+    return jax.vmap(lambda k: episode(state, k))(keys)
+
+  n = jax.tree.leaves(states)[0].shape[0]
+  return np.asarray(jax.jit(jax.vmap(one_map))(states, jnp.arange(n)))
