@@ -16,10 +16,6 @@ from tree_rl.envs import frozenlake as fl
 KEY = jax.random.key(0)
 
 
-def _gym_desc(tiles, size, start):
-  return rows_of(tiles, size, size, start)
-
-
 def _host_bfs(tiles, size, src, dst):
   """Plain breadth-first search on the host (independent of the device bitmask BFS)."""
   return shortest_path(np.asarray(tiles)[:size, :size], src, dst)
@@ -54,7 +50,8 @@ def test_transitions_equal_gymnasium_when_not_slippery(maps):
   for i in range(0, 2000, 97):   # ~20 maps of all sizes
     s = jax.tree.map(lambda x: x[i], states)
     size = int(s.nrow)
-    g = gym.make("FrozenLake-v1", desc=_gym_desc(s.tiles, size, s.start), is_slippery=False).unwrapped
+    g = gym.make("FrozenLake-v1", desc=rows_of(s.tiles, size, size, s.start),
+                 is_slippery=False).unwrapped
     pos, reward, done = jax.tree.map(np.asarray, step_all(s, rr, cc, aa, keys))
     for j in range(rr.size):
       r, c, a = rr[j], cc[j], aa[j]
@@ -71,7 +68,7 @@ def test_slippery_distribution_matches_gymnasium():
   params = env.default_params.replace(max_steps=jnp.int32(99), max_turns=jnp.int32(99))
   state, _ = env.reset(jax.random.key(5), params)
   s = jax.tree.map(np.asarray, state)
-  g = gym.make("FrozenLake-v1", desc=_gym_desc(s.tiles, 4, s.start), is_slippery=True).unwrapped
+  g = gym.make("FrozenLake-v1", desc=rows_of(s.tiles, 4, 4, s.start), is_slippery=True).unwrapped
   n = 4000
   step_all = _all_pairs_step(env, params)
   cells = [(r, c) for r in range(4) for c in range(4) if s.tiles[r, c] == fl.FROZEN][:4]

@@ -17,11 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tree_rl.envs import frozenlake as fl
-from tree_rl.warmstart.frozenlake_expert import best_move
-
-RULES = ("hint", "random", "expert")
-_DR = np.array([0, 1, 0, -1])   # row / column change of LEFT, DOWN, RIGHT, UP
-_DC = np.array([-1, 0, 1, 0])
+from tree_rl.warmstart.frozenlake_expert import best_move, neighbour
 
 
 def hint_move(state) -> jax.Array:
@@ -33,19 +29,13 @@ def hint_move(state) -> jax.Array:
 
 def random_move(state, key) -> jax.Array:
   """A uniformly random move among those that keep the player on the map."""
-  r, c = state.pos[0] + _DR, state.pos[1] + _DC
-  stays = (r >= 0) & (r < state.nrow) & (c >= 0) & (c < state.ncol)
+  stays = jnp.stack([jnp.any(neighbour(state, state.pos, a) != state.pos) for a in range(4)])
   return jax.random.choice(key, 4, p=stays / jnp.sum(stays)).astype(jnp.int32)
 
 
-def _move(rule: str, state, key):
-  if rule == "hint":
-    return hint_move(state)
-  if rule == "random":
-    return random_move(state, key)
-  if rule == "expert":
-    return best_move(state)
-  raise ValueError(f"unknown rule {rule!r}; known: {RULES}")
+MOVES = {"hint": lambda state, key: hint_move(state), "random": random_move,
+         "expert": lambda state, key: best_move(state)}
+RULES = tuple(MOVES)
 
 
 def success(env: fl.FrozenLake, states, rule: str, key, episodes: int = 1) -> np.ndarray:
@@ -61,7 +51,7 @@ def success(env: fl.FrozenLake, states, rule: str, key, episodes: int = 1) -> np
   def episode(state, k):
     def turn(s, kt):
       k_move, k_step = jax.random.split(kt)
-      action = jnp.concatenate([_move(rule, s, k_move)[None], pad])
+      action = jnp.concatenate([MOVES[rule](s, k_move)[None], pad])
       s, *_ = env.step(k_step, s, action, params)
       return s, None
     end, _ = jax.lax.scan(turn, state, jax.random.split(k, turns))

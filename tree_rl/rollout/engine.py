@@ -240,6 +240,7 @@ class Engine:
       otok, _ = jax.eval_shape(lambda s: env.observation_tokens(s, True, self.env_params), state)
       self.prompt_capacity, self.obs_capacity = ptok.shape[0], otok.shape[0]
     self.node_tokens = max(self.prompt_capacity, self.max_new + self.obs_capacity)
+    self.chunk_tokens = self.obs_chunk or self.obs_capacity   # observation tokens per prefill call
     # Every array operation between sampler calls is one of these jitted pieces (an eager op
     # would compile a program of its own for every shape it meets).
     self._init_jit = light_jit(self._init_tree, static_argnums=(2,))
@@ -258,7 +259,7 @@ class Engine:
     self._repeat_jit = light_jit(lambda toks, lens, m: (jnp.repeat(toks, m, axis=0), jnp.repeat(lens, m)),
                                static_argnums=(2,))
     self._slots = {}   # (layout, shards, seqs) -> device slots [P * N] of every node
-    self._prefill_built = set()   # (cache spec, mesh, rows, chunk) of the obs prefills built
+    self._prefill_built = set()   # (cache spec, mesh, rows) of the observation prefills built
 
   # ------------------------------------------------------------------ sizes
   def max_context(self) -> int:
@@ -439,7 +440,7 @@ class Engine:
     sizes = jnp.stack([jnp.max(obs_len), busiest_shard(need_obs, shards)]).astype(jnp.int32)
     going = [ObsRows.going(wp, child_slots, obs, obs_len, need_obs, shards, r) for r in widths]
     return tree, budget, ended_mask, sizes, [
-        (rows, _obs_chunk(rows, 0, self.obs_chunk or obs.shape[1])) for rows in going]
+        (rows, _obs_chunk(rows, 0, self.chunk_tokens)) for rows in going]
 
   def _contexts(self, tree, plan: TurnPlan, child_slots, rows):
     """Root..parent tokens of plan rows `rows`: what the no-sharing baseline re-encodes into
@@ -603,9 +604,9 @@ class Engine:
         rs.tree, rs.budget, plan, child_slots, out.tokens, out.logprobs, out.lengths, key,
         out.entropy, stepped, shards=rs.shards, widths=widths)
     cache = rs.cache
-    chunk = going[0][1][0].shape[1]   # tokens per observation chunk
+    chunk = self.chunk_tokens
     for rows, first in going:   # every prefill this row count can lead to, built now
-      self._build_prefill(cache, budget, rows, first, chunk)
+      self._build_prefill(cache, budget, rows, first)
     longest, busiest = (int(x) for x in jax.device_get(sizes))
     if busiest:
       # the observations of the branches that go on (none after the last turn), on their rows
@@ -623,15 +624,16 @@ class Engine:
                              turns=rs.turns + 1)
     return self.release(rs, ended), children
 
-  def _build_prefill(self, cache, budget, rows: ObsRows, first, chunk: int) -> None:
+  def _build_prefill(self, cache, budget, rows: ObsRows, first) -> None:
     """Compile (without running) the observation prefill and charge for `rows`' row count once
     (jit finds the program when it is called), so no later step meets a new row count."""
-    key = (cache.spec, cache.mesh, rows.slots.shape[0], chunk)
+    key = (cache.spec, cache.mesh, rows.slots.shape[0])
     if key in self._prefill_built:
       return
     toks, lens, ok = first
     _, pre = sampling.prefill(cache, rows.slots, toks, lens, ok, run=False)
-    self._charge_next_jit.lower(budget, rows, pre.computed, ok, pre.status, chunk, chunk).compile()
+    c = self.chunk_tokens
+    self._charge_next_jit.lower(budget, rows, pre.computed, ok, pre.status, c, c).compile()
     self._prefill_built.add(key)
 
   def _reencode_forks(self, rs: RolloutState, plan: TurnPlan, par_slots, child_slots):
