@@ -57,6 +57,7 @@ def base_config() -> ml_collections.ConfigDict:
       name="frozenlake",        # a name in tree_rl.envs' registry
       preset="rllm",            # env preset (frozenlake: rllm | rllm_small | ragen; toolcall: default)
       goal_hint=False,          # frozenlake: observations also say where the goal is ("Goal: 2 Down, 1 Right.")
+      local_view=False,         # frozenlake: observations also say what each move leads onto ("Left _, Down O, Right #, Up G.")
       split="train",            # toolcall: question split episodes draw from (train | test)
       data_dir="",              # TFDS dir of prepared map sets / KB (tree_rl.data); "" = generate from data_seed
       data_seed=42,             # seed of the fixed FrozenLake map sets (rLLM: 42) and of the toolcall KB

@@ -23,6 +23,21 @@ def test_the_hint_rule_is_blind_to_holes_and_the_expert_is_not():
   key = jax.random.key(0)
   np.testing.assert_array_equal(success(env, states, "hint", key)[:, 0], [True, False, False])
   np.testing.assert_array_equal(success(env, states, "expert", key)[:, 0], [True, True, True])
+  # the local rule steps around the hole next to it: Right, Down (and Right, Down, Down)
+  np.testing.assert_array_equal(success(env, states, "local", key)[:, 0], [True, True, True])
+
+
+def test_the_local_rule_sees_only_its_neighbours():
+  # Map 1: Down; below is a hole, so Right; Down; Right onto the goal (the hint rule falls in).
+  # Map 2: Down, Down, Down along the left column; then the hint's Right is a hole, Down the
+  # edge, so Up, and the hint's Down again: it paces until the moves run out. The expert takes
+  # the right column around the holes (7 moves).
+  env = fl.FrozenLake("rllm_small", max_turns=8)
+  states = _states(env, [["SFF", "FFF", "HFG"],
+                         ["SFFF", "FHHF", "FFHF", "FHGF"]])
+  key = jax.random.key(0)
+  np.testing.assert_array_equal(success(env, states, "local", key)[:, 0], [True, False])
+  np.testing.assert_array_equal(success(env, states, "expert", key)[:, 0], [True, True])
 
 
 def test_random_moves_win_as_often_as_computed_by_hand():

@@ -106,11 +106,12 @@ def _random_states(env, n, seed):
   return out
 
 
-@pytest.mark.parametrize("preset,hint", [("rllm", False), ("ragen", False), ("rllm_small", True)])
+@pytest.mark.parametrize("preset,hint,near", [("rllm", False, False), ("ragen", False, False),
+                                              ("rllm_small", True, False), ("rllm_small", True, True)])
 @pytest.mark.parametrize("tok_name", ["builtin_tok", "hf_tok"])
-def test_render_device_equals_host(preset, hint, tok_name, request):
+def test_render_device_equals_host(preset, hint, near, tok_name, request):
   tok = request.getfixturevalue(tok_name)
-  env = fl.FrozenLake(preset, tokenizer=tok, goal_hint=hint)
+  env = fl.FrozenLake(preset, tokenizer=tok, goal_hint=hint, local_view=near)
   p = env.default_params
   prompt = jax.jit(jax.vmap(env.initial_prompt_tokens, in_axes=(0, None)))
   obs = jax.jit(jax.vmap(env.observation_tokens, in_axes=(0, 0, None)))
@@ -127,7 +128,7 @@ def test_render_device_equals_host(preset, hint, tok_name, request):
       if k == 0:
         want = ft.initial_prompt_text(env, env.text.markup, s, p)
       else:
-        want = ft.observation_text(env.text.markup, s, p, bool(closed[i]), hint)
+        want = ft.observation_text(env.text.markup, s, p, bool(closed[i]), hint, near)
       got = list(np.asarray(toks[i, :lens[i]]))
       assert tok.decode(got) == want
       assert got == tok.encode(want)      # the canonical tokenization of the same text
@@ -151,6 +152,23 @@ def test_missing_tokenizer_and_bad_options_name_the_field():
     fl.FrozenLake("rllm", p_min=0.9, p_max=0.5)
   with pytest.raises(ValueError, match="slipery"):
     fl.FrozenLake("rllm", slipery=True)
+
+
+def test_local_view_names_what_each_move_leads_onto(builtin_tok):
+  # 3x3 map, player at the middle of the left column: the edge, a hole, the goal, frozen ice
+  tiles = np.full((5, 5), fl.PAD, np.int32)
+  tiles[:3, :3] = [[fl.FROZEN, fl.FROZEN, fl.FROZEN], [fl.FROZEN, fl.GOAL, fl.FROZEN],
+                   [fl.HOLE, fl.FROZEN, fl.FROZEN]]
+  env = fl.FrozenLake("rllm_small", tokenizer=builtin_tok, local_view=True)
+  state = env.init_state(tiles, 3, 3, (1, 0))
+  text = ft.initial_prompt_text(env, env.text.markup, state, env.default_params)
+  assert "P G _\nO _ _\nLeft #, Down O, Right G, Up _.\nRemaining steps: 8" in text
+  toks, n = jax.jit(env.initial_prompt_tokens)(state)
+  assert builtin_tok.decode(list(np.asarray(toks[:n]))) == text
+  # a corner of a 2x2 map: two edges
+  state = env.init_state(tiles, 2, 2, (1, 1))
+  assert [int(c) for c in fl.neighbour_cells(state)] == [fl.OBS_FROZEN, fl.OBS_PAD, fl.OBS_PAD,
+                                                        fl.OBS_FROZEN]
 
 
 def test_goal_hint_text():

@@ -21,7 +21,7 @@ from tree_rl.envs.toolcall_kb import KnowledgeBase, Question, generate_kb
 from tree_rl.envs.external_tool import ExternalTool
 from tree_rl.envs.host import HostEnv, HostState, is_host_env
 
-register("frozenlake", FrozenLake, config_fields=("preset", "goal_hint"),
+register("frozenlake", FrozenLake, config_fields=("preset", "goal_hint", "local_view"),
          tasks="tree_rl.tasks:frozenlake_tasks",
          heuristic="tree_rl.rollout.scorers:frozenlake_progress",
          judge="tree_rl.rollout.scorers:FROZENLAKE_JUDGE",

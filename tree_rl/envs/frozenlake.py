@@ -37,9 +37,10 @@ class FrozenLake(TokenEnv):
   """FrozenLake with static set-up (max map side, moves per turn, action text format, tokenizer).
 
   `FrozenLake(preset="rllm" | "ragen", tokenizer=None, **overrides)`; overrides may name any
-  FrozenLakeParams field or max_size / max_actions / action_format / max_reply_tokens / goal_hint
-  (goal_hint: every observation also says where the goal lies relative to the player, e.g.
-  "Goal: 2 Down, 1 Right." -- an aid for policies too small to read the grid; off in the presets).
+  FrozenLakeParams field or max_size / max_actions / action_format / max_reply_tokens / goal_hint /
+  local_view (goal_hint: every observation also says where the goal lies relative to the player,
+  e.g. "Goal: 2 Down, 1 Right."; local_view: what each move leads onto, e.g. "Left _, Down O,
+  Right #, Up G." -- aids for policies too small to read the grid; off in the presets).
   Token methods (`initial_prompt_tokens`, `observation_tokens`, `parse_action`) need a tokenizer.
   """
 
@@ -51,7 +52,7 @@ class FrozenLake(TokenEnv):
       raise ValueError(f"unknown frozenlake preset {preset!r} (config.env.preset); known: {sorted(PRESETS)}")
     spec = PRESETS[preset]
     fields = {f.name for f in dataclasses.fields(FrozenLakeParams)}
-    statics = {"max_size", "max_actions", "action_format", "goal_hint"}
+    statics = {"max_size", "max_actions", "action_format", "goal_hint", "local_view"}
     unknown = set(overrides) - fields - statics
     if unknown:
       raise ValueError(f"unknown frozenlake option(s) {sorted(unknown)}; known: "
@@ -61,6 +62,7 @@ class FrozenLake(TokenEnv):
     self.max_actions = int(overrides.get("max_actions", spec["max_actions"]))
     self.action_format = overrides.get("action_format", spec["action_format"])
     self.goal_hint = bool(overrides.get("goal_hint", False))
+    self.local_view = bool(overrides.get("local_view", False))
     self.preset = preset
     _validate(p, self.max_size, self.max_actions, self.action_format)
     self._params = FrozenLakeParams(**{k: to_device(v) for k, v in p.items()})

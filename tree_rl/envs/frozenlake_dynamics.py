@@ -27,7 +27,7 @@ __all__ = ["FROZEN", "HOLE", "GOAL", "PAD", "LEFT", "DOWN", "RIGHT", "UP", "NOOP
            "OBS_PLAYER_IN_HOLE", "OBS_PLAYER_ON_GOAL", "ST_START", "ST_MOVED", "ST_INVALID",
            "ST_HOLE", "ST_GOAL", "ST_OUT_OF_STEPS", "FrozenLakeParams", "FrozenLakeState",
            "bfs_distance", "generate_map", "observation_grid", "goal_position", "distance_to_goal",
-           "init_state", "transition"]
+           "init_state", "transition", "neighbour", "neighbour_cells"]
 
 FROZEN, HOLE, GOAL, PAD = 0, 1, 2, 3
 LEFT, DOWN, RIGHT, UP = 0, 1, 2, 3
@@ -154,6 +154,24 @@ def observation_grid(state: FrozenLakeState) -> jax.Array:
   return base.at[state.pos[0], state.pos[1]].set(player)
 
 
+def neighbour(state: FrozenLakeState, pos, a) -> jax.Array:
+  """int32[2]: the cell move `a` leads to from `pos` (`pos` itself against the map's edge)."""
+  r = jnp.clip(pos[0] + jnp.asarray(_DR)[a], 0, state.nrow - 1)
+  c = jnp.clip(pos[1] + jnp.asarray(_DC)[a], 0, state.ncol - 1)
+  return jnp.stack([r, c])
+
+
+def neighbour_cells(state: FrozenLakeState) -> jax.Array:
+  """int32[4]: what each move (Left, Down, Right, Up) leads onto from the player: OBS_FROZEN,
+  OBS_HOLE, OBS_GOAL, or OBS_PAD against the map's edge."""
+  codes = jnp.array([OBS_FROZEN, OBS_HOLE, OBS_GOAL, OBS_PAD], jnp.int32)
+  out = []
+  for a in range(4):
+    n = neighbour(state, state.pos, a)
+    out.append(jnp.where(jnp.any(n != state.pos), codes[state.tiles[n[0], n[1]]], OBS_PAD))
+  return jnp.stack(out)
+
+
 def goal_position(state: FrozenLakeState) -> jax.Array:
   m = state.tiles.shape[0]
   flat = jnp.argmax((state.tiles == GOAL).reshape(-1))
@@ -192,9 +210,7 @@ def transition(key, state: FrozenLakeState, action, params: FrozenLakeParams):
     fail = (1.0 - params.success_rate) / 2.0
     slip = jnp.where(u < fail, (a - 1) % 4, jnp.where(u < 2 * fail, (a + 1) % 4, a))
     d = jnp.where(params.slippery, slip, a) % 4
-    nr = jnp.clip(pos[0] + jnp.asarray(_DR)[d], 0, state.nrow - 1)
-    nc = jnp.clip(pos[1] + jnp.asarray(_DC)[d], 0, state.ncol - 1)
-    new = jnp.where(go, jnp.stack([nr, nc]), pos)
+    new = jnp.where(go, neighbour(state, pos, d), pos)
     tile = state.tiles[new[0], new[1]]
     return (new, steps + go, won | (go & (tile == GOAL)), fell | (go & (tile == HOLE)),
             moved | go), None

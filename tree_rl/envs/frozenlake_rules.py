@@ -1,9 +1,12 @@
-"""Rule policies on FrozenLake maps: the grid-blind baselines a learned policy has to beat, and
-the expert's ceiling.
+"""Rule policies on FrozenLake maps: the grid-blind baselines a learned policy has to beat, what
+reading the local view alone achieves, and the expert's ceiling.
 
     hint    plays the goal hint's first direction word (Down, else Up, else Left, else Right:
             the order the hint names offsets in), never looking at holes
     random  a uniformly random move among those that stay on the map (holes not avoided)
+    local   reads only what the hint and the local view show: the hint's first direction whose
+            cell is not a hole and on the map (vertical first), else the first such move in the
+            order Down, Right, Up, Left, else the hint's word
     expert  the move with the fewest breadth-first-search moves left to the goal (reads the grid)
 
 `success(env, states, rule, key, episodes)` plays `episodes` single-move turns per map, up to
@@ -17,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tree_rl.envs import frozenlake as fl
-from tree_rl.warmstart.frozenlake_expert import best_move, neighbour
+from tree_rl.warmstart.frozenlake_expert import best_move
 
 
 def hint_move(state) -> jax.Array:
@@ -29,11 +32,26 @@ def hint_move(state) -> jax.Array:
 
 def random_move(state, key) -> jax.Array:
   """A uniformly random move among those that keep the player on the map."""
-  stays = jnp.stack([jnp.any(neighbour(state, state.pos, a) != state.pos) for a in range(4)])
+  stays = jnp.stack([jnp.any(fl.neighbour(state, state.pos, a) != state.pos) for a in range(4)])
   return jax.random.choice(key, 4, p=stays / jnp.sum(stays)).astype(jnp.int32)
 
 
+def local_move(state) -> jax.Array:
+  """The hint's first safe direction, else the first safe move (see the module docstring)."""
+  d = fl.goal_position(state) - state.pos
+  safe = (fl.neighbour_cells(state) != fl.OBS_PAD) & (fl.neighbour_cells(state) != fl.OBS_HOLE)
+  vertical = jnp.where(d[0] > 0, fl.DOWN, fl.UP)
+  horizontal = jnp.where(d[1] < 0, fl.LEFT, fl.RIGHT)
+  order = [(d[0] != 0, vertical), (d[1] != 0, horizontal)]
+  order += [(True, jnp.int32(a)) for a in (fl.DOWN, fl.RIGHT, fl.UP, fl.LEFT)]
+  move = hint_move(state)
+  for wanted, a in reversed(order):
+    move = jnp.where(wanted & safe[a], a, move)
+  return move.astype(jnp.int32)
+
+
 MOVES = {"hint": lambda state, key: hint_move(state), "random": random_move,
+         "local": lambda state, key: local_move(state),
          "expert": lambda state, key: best_move(state)}
 RULES = tuple(MOVES)
 

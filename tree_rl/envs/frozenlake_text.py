@@ -4,6 +4,8 @@ Observation text (the user message):
     [instructions on the first turn | a status line after a turn]
     the grid, one row per line, cells separated by spaces:
       P player, _ frozen, O hole, G goal, X player in a hole, V player on the goal
+    with local_view: what each move leads onto, e.g. "Left _, Down O, Right #, Up G." (# = the
+      map's edge), so a policy that cannot yet find its row neighbours in the grid text sees them
     with goal_hint: where the goal lies from the player, e.g. "Goal: 2 Down, 1 Right." ("Goal: here.")
     "Remaining steps: N"
 
@@ -33,6 +35,7 @@ from tree_rl.envs import text as tx
 
 CELL_CHARS = {fl.OBS_PAD: "", fl.OBS_FROZEN: "_", fl.OBS_HOLE: "O", fl.OBS_GOAL: "G",
               fl.OBS_PLAYER: "P", fl.OBS_PLAYER_IN_HOLE: "X", fl.OBS_PLAYER_ON_GOAL: "V"}
+NEAR_CHARS = {fl.OBS_PAD: "#", fl.OBS_FROZEN: "_", fl.OBS_HOLE: "O", fl.OBS_GOAL: "G"}
 STATUS_TEXT = {fl.ST_START: "", fl.ST_MOVED: "", fl.ST_INVALID: "Invalid action. You did not move.\n",
                fl.ST_HOLE: "You fell into a hole.\n", fl.ST_GOAL: "You reached the goal.\n",
                fl.ST_OUT_OF_STEPS: "No steps remaining.\n"}
@@ -56,6 +59,12 @@ def hint_text(down: int, right: int) -> str:
   parts = [f"{abs(n)} {word}" for n, word in ((down, "Down" if down > 0 else "Up"),
                                               (right, "Right" if right > 0 else "Left")) if n]
   return "Goal: " + (", ".join(parts) if parts else "here") + ".\n"
+
+
+def near_text(move: int, code: int) -> str:
+  """The local view's part for one move (in action order, the line ends after Up)."""
+  head = "" if move == 0 else ", "
+  return head + f"{fl.ACTION_NAMES[move]} {NEAR_CHARS[code]}" + (".\n" if move == 3 else "")
 
 
 def steps_text(n: int) -> str:
@@ -85,27 +94,42 @@ def host_grid(state) -> np.ndarray:
   return grid
 
 
-def content_text(state, params, head: str, goal_hint: bool = False) -> str:
+def host_near(state) -> list[int]:
+  """OBS_* code of the cell each move (Left, Down, Right, Up) leads onto; OBS_PAD off the map."""
+  tiles = np.asarray(state.tiles)
+  r, c = (int(x) for x in np.asarray(state.pos))
+  out = []
+  for dr, dc in ((0, -1), (1, 0), (0, 1), (-1, 0)):
+    nr, nc = r + dr, c + dc
+    inside = 0 <= nr < int(state.nrow) and 0 <= nc < int(state.ncol)
+    out.append([fl.OBS_FROZEN, fl.OBS_HOLE, fl.OBS_GOAL][tiles[nr, nc]] if inside else fl.OBS_PAD)
+  return out
+
+
+def content_text(state, params, head: str, goal_hint: bool = False, local_view: bool = False) -> str:
   grid = host_grid(state)
   remaining = max(int(params.max_steps) - int(state.steps), 0)
+  near = "".join(near_text(a, code) for a, code in enumerate(host_near(state))) if local_view else ""
   hint = ""
   if goal_hint:
     goal = np.argwhere(np.asarray(state.tiles) == fl.GOAL)[0]
     down, right = (int(g) - int(p) for g, p in zip(goal, np.asarray(state.pos)))
     hint = hint_text(down, right)
-  return head + grid_text(grid, int(state.nrow), int(state.ncol)) + hint + steps_text(remaining)
+  return (head + grid_text(grid, int(state.nrow), int(state.ncol)) + near + hint
+          + steps_text(remaining))
 
 
 def initial_prompt_text(env, markup: tx.ChatMarkup, state, params) -> str:
   head = instructions(env.action_format, env.max_actions)
-  return markup.prompt_prefix + content_text(state, params, head, env.goal_hint) + markup.gen_suffix
+  body = content_text(state, params, head, env.goal_hint, env.local_view)
+  return markup.prompt_prefix + body + markup.gen_suffix
 
 
 def observation_text(markup: tx.ChatMarkup, state, params, turn_closed: bool,
-                     goal_hint: bool = False) -> str:
+                     goal_hint: bool = False, local_view: bool = False) -> str:
   between = markup.between_closed if turn_closed else markup.between_open
   head = STATUS_TEXT[int(state.status)]
-  return between + content_text(state, params, head, goal_hint) + markup.gen_suffix
+  return between + content_text(state, params, head, goal_hint, local_view) + markup.gen_suffix
 
 
 _WORD_RE = re.compile(rb"(?<![A-Za-z])(Left|Down|Right|Up)(?![A-Za-z])")
@@ -161,9 +185,13 @@ class FrozenLakeText:
     m = env.max_size
     offsets = [(d, r) for d in range(1 - m, m) for r in range(1 - m, m)]   # index (d+m-1)*(2m-1)+r+m-1
     self.hints = tx.FragmentTable.build(tokenizer, [hint_text(d, r) for d, r in offsets], self.pad_id)
+    # index move * 4 + OBS code (OBS_PAD..OBS_GOAL are 0..3)
+    self.near = tx.FragmentTable.build(tokenizer, [near_text(a, c) for a in range(4) for c in range(4)],
+                                       self.pad_id)
     wl = self.wide.lengths
     grid_cap = env.max_size * env.max_size * self.cells.max_length()
     tail = self.numbers.max_length() + int(wl[3]) + (self.hints.max_length() if env.goal_hint else 0)
+    tail += 4 * self.near.max_length() if env.local_view else 0
     self.prompt_capacity = int(wl[0] + wl[4]) + grid_cap + tail
     self.obs_capacity = int(max(wl[1], wl[2]) + wl[self._status0:].max()) + grid_cap + tail
 
@@ -183,6 +211,9 @@ class FrozenLakeText:
     head_ids = jnp.stack(head_ids)
     remaining = jnp.clip(params.max_steps - state.steps, 0, _NUMBERS - 1)
     groups = [(wt[head_ids], wl[head_ids]), self._grid_groups(state)]
+    if self.env.local_view:
+      i = jnp.arange(4) * 4 + fl.neighbour_cells(state)
+      groups.append((jnp.asarray(self.near.tokens)[i], jnp.asarray(self.near.lengths)[i]))
     if self.env.goal_hint:
       m = self.env.max_size
       d = fl.goal_position(state) - state.pos + (m - 1)

@@ -19,16 +19,7 @@ from tree_rl.envs import frozenlake as fl
 
 _FORMATS = {"last_word": "{}", "fenced": "```{}```", "answer_tag": "<answer>{}</answer>"}
 _FAR = 1 << 20
-_DR = (0, 1, 0, -1)
-_DC = (-1, 0, 1, 0)
 TIE_ORDER = (fl.DOWN, fl.UP, fl.LEFT, fl.RIGHT)
-
-
-def neighbour(state, pos, a):
-  """int32[2]: the cell move `a` leads to from `pos` (`pos` itself against the map's edge)."""
-  r = jnp.clip(pos[0] + jnp.asarray(_DR)[a], 0, state.nrow - 1)
-  c = jnp.clip(pos[1] + jnp.asarray(_DC)[a], 0, state.ncol - 1)
-  return jnp.stack([r, c])
 
 
 def neighbour_distances(state, pos=None) -> jax.Array:
@@ -38,7 +29,7 @@ def neighbour_distances(state, pos=None) -> jax.Array:
   goal = fl.goal_position(state)
   out = []
   for a in range(4):
-    n = neighbour(state, pos, a)
+    n = fl.neighbour(state, pos, a)
     d = fl.bfs_distance(state.tiles, state.nrow, state.ncol, n, goal)
     ok = jnp.any(n != pos) & (state.tiles[n[0], n[1]] != fl.HOLE) & (d >= 0)
     out.append(jnp.where(ok, d, _FAR))
@@ -92,7 +83,7 @@ class FrozenLakeExpert:
       count = count + ~stop
       best.append(a)
       taken.append(b)
-      pos = neighbour(state, pos, a)
+      pos = fl.neighbour(state, pos, a)
       stop = stop | jnp.all(pos == goal)
     # the noiseless plan stops at the goal; the noisy turn has the same number of moves
     intended = self._row(jnp.stack(best), count)
