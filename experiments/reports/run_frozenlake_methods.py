@@ -6,7 +6,9 @@ The four methods of one seed start from the same warm-start checkpoint: the warm
 the seed and `config.warmstart` only, so the first method's run computes it and the others resume
 from a copy of its step-0 checkpoint (and step-0 eval row), which continues exactly as a run from
 scratch would (resume is bitwise exact). Seeds run in parallel processes; arguments after `--`
-are added to every run (e.g. a shorter schedule). Finally `make_frozenlake_report` runs.
+are added to every run (e.g. a shorter schedule). Finally each finished run's summary is written
+into `--summaries` (`summaries.py`, committed with the report) and `make_report` builds
+the report from that directory.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import subprocess
 import sys
 
 from experiments import sweeps
-from experiments.reports import make_frozenlake_report
+from experiments.reports import make_report, summaries
 
 
 def _train(run, root, extra, log):
@@ -60,6 +62,9 @@ def main(argv=None):
   ap.add_argument("--sweep", default="frozenlake_methods")
   ap.add_argument("--root", default="runs/sweeps")
   ap.add_argument("--parallel", type=int, default=1, help="seeds run at once")
+  ap.add_argument("--summaries", default="experiments/reports/frozenlake_runs",
+                  help="where the per-run summaries go (the report is built from them)")
+  ap.add_argument("--out_dir", default="experiments/reports")
   args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
   by_seed = {}
   for run in sweeps.get(args.sweep).runs():
@@ -67,7 +72,8 @@ def main(argv=None):
   with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
     for f in [pool.submit(run_seed, runs, args.root, extra) for runs in by_seed.values()]:
       f.result()
-  make_frozenlake_report.main(["--root", os.path.join(args.root, args.sweep)])
+  summaries.write_summaries(os.path.join(args.root, args.sweep), args.summaries)
+  make_report.main(["--summaries", args.summaries, "--out_dir", args.out_dir])
 
 
 if __name__ == "__main__":

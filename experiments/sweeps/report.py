@@ -1,6 +1,7 @@
 """The FrozenLake reproduction report's runs: chain GRPO, Tree-GRPO, Tree-Random and PATR on the
-default FrozenLake config, three seeds each (`experiments/reports/make_frozenlake_report.py`
-turns their logs into `experiments/reports/frozenlake.md`).
+default FrozenLake config, three seeds each (`experiments/reports/summaries.py` turns their logs
+into per-run summaries, `experiments/reports/make_report.py` those into
+`experiments/reports/frozenlake.md`).
 
 The four compare at an equal planned budget: chain GRPO's base group of G chains, and the tree
 methods shaped by `budget.method_shapes` to plan G trajectories per prompt too (at PATR's GRPO

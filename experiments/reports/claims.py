@@ -1,0 +1,170 @@
+"""The papers' claims as paired comparisons over seeds, and their verdicts.
+
+A `Comparison` measures A against B on each seed both ran (one warm start per seed, shared by
+every method: the pairing) as a difference A - B, a relative difference (A - B) / B, or a ratio
+A / B of one measure (`measures.value`), then gives the mean, the 95% bootstrap interval over
+seeds, the minimal detectable effect and a verdict (`stats`). A `Claim` holds if all of its
+primary comparisons hold, does not hold if any does not hold, is "not run yet" while a compared
+method has no summary, and is inconclusive otherwise (`stats.combine`); secondary comparisons
+(greedy success beside sampled) are shown without counting. `budget` names the methods whose
+spent budget per prompt per step the claim takes as a given multiple of chain GRPO's; a ratio
+off by more than 10% is reported beside the verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from experiments.reports import measures, stats
+
+SAMPLED, GREEDY = "eval/sampled_success", "eval/greedy_success"
+TOLERANCE = 0.10
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  a: str
+  b: str
+  measure: str
+  kind: str
+  form: str = "diff"        # diff: A - B; relative: (A - B) / B; ratio: A / B
+  margin: float = 0.05
+  at: float = 0.0
+  unit: str = "points"      # how the effect prints: points and % (x100), x (a ratio), turns, calls
+  primary: bool = True
+  optional: bool = False    # left out of the verdict while its methods have not run
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  key: str
+  title: str
+  comparisons: tuple
+  paper: str = ""
+  budget: tuple = ()        # ((method, expected spent / chain GRPO's spent), ...)
+
+
+def on_success(a: str, b: str, kind: str = "greater", measure: str = "gain", **kw) -> tuple:
+  """The comparison on held-out sampled success, and the same on greedy as a secondary one."""
+  return (Comparison(a, b, f"{measure} {SAMPLED}", kind, **kw),
+          Comparison(a, b, f"{measure} {GREEDY}", kind, primary=False, **kw))
+
+
+def expected_ratio(method: str) -> float:
+  """The spent budget a method is meant to have relative to chain GRPO's."""
+  return 0.25 if method.endswith("_quarter") else 1.0
+
+
+def _pairs(runs: dict, c: Comparison):
+  a = measures.per_seed(runs, c.a, c.measure)
+  b = measures.per_seed(runs, c.b, c.measure)
+  seeds = [s for s in sorted(set(a) & set(b)) if math.isfinite(a[s]) and math.isfinite(b[s])]
+  if c.form == "diff":
+    values = [a[s] - b[s] for s in seeds]
+  elif c.form == "relative":
+    values = [(a[s] - b[s]) / b[s] if b[s] else math.nan for s in seeds]
+  else:
+    values = [a[s] / b[s] if b[s] else math.nan for s in seeds]
+  kept = [(s, v) for s, v in zip(seeds, values) if math.isfinite(v)]
+  return [s for s, _ in kept], [v for _, v in kept]
+
+
+def warm_start_mismatch(runs: dict, a: str, b: str, seeds) -> list:
+  """Seeds whose two runs logged different step-0 evals: not one shared warm start."""
+  start = lambda s: (measures.before(s, SAMPLED), measures.before(s, GREEDY))  # noqa: E731
+  return [s for s in seeds if start(runs[a][s]) != start(runs[b][s])
+          and all(math.isfinite(v) for v in start(runs[a][s]) + start(runs[b][s]))]
+
+
+def evaluate(runs: dict, c: Comparison) -> dict:
+  """mean, low, high, mde, n, seeds, verdict (and `missing` methods, `mismatch` seeds)."""
+  missing = [m for m in (c.a, c.b) if m not in runs]
+  if missing:
+    return dict(comparison=c, missing=missing, verdict=stats.NOT_RUN, n=0, seeds=[])
+  seeds, values = _pairs(runs, c)
+  if not seeds:
+    return dict(comparison=c, missing=[], verdict=stats.NOT_RUN, n=0, seeds=[],
+                note="no seed in common")
+  mean, low, high = stats.paired_bootstrap(values)
+  return dict(comparison=c, missing=[], seeds=seeds, n=len(seeds), mean=mean, low=low,
+              high=high, mde=stats.min_detectable_effect(values), values=values,
+              verdict=stats.verdict(low, high, c.kind, c.margin, c.at),
+              mismatch=warm_start_mismatch(runs, c.a, c.b, seeds))
+
+
+def budget_check(runs: dict, claim: Claim) -> list:
+  """[(method, measured spent / chain GRPO's, expected, within 10%)] over the seeds both ran."""
+  ref = runs.get(measures.REFERENCE, {})
+  out = []
+  for method, expected in claim.budget:
+    seeds = sorted(set(runs.get(method, {})) & set(ref))
+    ratios = [runs[method][s]["spent_budget"] / ref[s]["spent_budget"] for s in seeds
+              if runs[method][s].get("spent_budget") and ref[s].get("spent_budget")]
+    if ratios:
+      r = sum(ratios) / len(ratios)
+      out.append((method, r, expected, abs(r / expected - 1) <= TOLERANCE))
+  return out
+
+
+def assess(runs: dict, claim: Claim) -> dict:
+  """The claim's comparisons evaluated, its verdict and its budget check."""
+  results = [evaluate(runs, c) for c in claim.comparisons]
+  counted = [r["verdict"] for r in results if r["comparison"].primary
+             and not (r["comparison"].optional and r["verdict"] == stats.NOT_RUN)]
+  return dict(claim=claim, results=results, verdict=stats.combine(counted),
+              budget=budget_check(runs, claim))
+
+
+PATR_PAPER = "PATR paper: +9.3 points PATR over GRPO (66.5% -> 75.8%)."
+
+FROZENLAKE = (
+    Claim("a", "PATR > Tree-Random > GRPO at equal budget",
+          (*on_success("patr", "tree_random"), *on_success("tree_random", "grpo")),
+          paper=PATR_PAPER, budget=(("patr", 1.0), ("tree_random", 1.0))),
+    Claim("b", "Tree-GRPO at a quarter of the budget >= chain GRPO at full budget",
+          on_success("tree_grpo_quarter", "grpo", "not_less"),
+          paper="Tree-GRPO paper: a tree at a quarter of the rollout budget matches or beats "
+                "chain GRPO.", budget=(("tree_grpo_quarter", 0.25),)),
+    Claim("b2", "Tree-GRPO gets 1.5x the trajectories per unit of budget",
+          (Comparison("tree_grpo", "grpo", "trajectories_per_budget", "at_least", form="ratio",
+                      at=1.35, unit="x"),),
+          paper="Tree-GRPO paper: about 1.5x the trajectories of chain sampling at one budget "
+                "(holds if the ratio's interval lies at or above 1.35, 10% under 1.5)."),
+    Claim("c", "Intra-only advantages collapse at N=2; inter-only helps; both best",
+          (*on_success("tree_grpo", "tree_grpo_intra"), *on_success("tree_grpo", "tree_grpo_inter"),
+           *on_success("tree_grpo_inter", "tree_grpo_intra")),
+          paper="Tree-GRPO paper: intra-tree advantages alone are unstable with N=2."),
+    Claim("d", "Tree methods change turn counts (Tree-GRPO longer, PATR shorter); PATR "
+               "trajectories are not longer",
+          (Comparison("tree_grpo", "grpo", "final eval/sampled_mean_turns", "greater",
+                      unit="turns"),
+           Comparison("patr", "grpo", "final eval/sampled_mean_turns", "less", unit="turns"),
+           Comparison("patr", "grpo", "final eval/sampled_tokens_per_episode", "not_greater",
+                      form="relative", unit="%")),
+          paper="Tokens per episode are compared relative to chain GRPO's, with a 5% margin."),
+    Claim("e", "PATR's default group (keep pruned branches) >= the other group arms",
+          (*on_success("patr_keep_all", "patr_drop_pruned", "not_less"),
+           *on_success("patr_keep_all", "patr_best_n", "not_less", optional=True)),
+          paper="PATR paper: pruned branches stay in the group as negatives."),
+)
+
+TOOLCALL = (
+    Claim("a", "Tree-GRPO > chain GRPO at equal budget", on_success("tree_grpo", "grpo"),
+          budget=(("tree_grpo", 1.0),)),
+    FROZENLAKE[1], FROZENLAKE[2],
+    Claim("c", "Tree-GRPO takes more turns and tool calls than chain GRPO",
+          (Comparison("tree_grpo", "grpo", "final eval/sampled_mean_turns", "greater",
+                      unit="turns"),
+           Comparison("tree_grpo", "grpo", "final eval/sampled_tool_calls", "greater",
+                      unit="calls")),
+          paper="Tree-GRPO paper: 2.4 -> 3.0 turns per episode."),
+    dataclasses.replace(FROZENLAKE[3], key="d"),
+)
+
+CLAIMS = {"frozenlake": FROZENLAKE, "toolcall": TOOLCALL}
+
+
+def claims_for(env: str) -> tuple:
+  """The claims checked for an env (the tool-call set, tree against chain, for other envs)."""
+  return CLAIMS.get(env, TOOLCALL)

@@ -1,0 +1,168 @@
+"""The report builder on hand-made summaries: verdict lines of claims that hold, do not hold, are
+inconclusive and have not run; budget flags; the tables; the PNGs; and the CLI end to end."""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from report_fixtures import ROOT, summary, write_run, write_summaries
+
+from experiments.reports import claims, figures, make_report as report, measures
+
+BEFORE = (0.5, 0.6, 0.7)   # each seed's warm start (sampled and greedy success), shared
+AFTER = {
+    "grpo": (0.52, 0.61, 0.75),                # gains 0.02, 0.01, 0.05
+    "tree_random": (0.56, 0.65, 0.78),         # gains 0.06, 0.05, 0.08
+    "patr": (0.60, 0.70, 0.80),                # gains 0.10 on every seed
+    "tree_grpo_quarter": (0.32, 0.71, 0.80),   # grpo's gains + (-0.2, +0.1, +0.05)
+    "tree_grpo": (0.50, 0.60, 0.70),           # gains 0
+    "tree_grpo_intra": (0.55, 0.65, 0.75),     # gains 0.05: 0.05 above Tree-GRPO on every seed
+    "arpo": (0.50, 0.60, 0.70),
+}
+KW = {"tree_grpo_quarter": dict(spent=25.0), "tree_grpo": dict(trajectories=12, turns=4.0),
+      "patr": dict(spent=105.0, turns=2.5), "arpo": dict(spent=150.0)}
+
+
+def fixture(directory, after=AFTER, kw=KW):
+  write_summaries(directory, [summary(m, s, BEFORE[s], a[s], **kw.get(m, {}))
+                              for m, a in after.items() for s in range(3)])
+  return directory
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+  root = str(tmp_path_factory.mktemp("report"))
+  path, overview = report.build(fixture(os.path.join(root, "runs")), os.path.join(root, "out"))
+  with open(path) as f:
+    return root, path, overview, f.read()
+
+
+def test_verdict_lines(built):
+  _, path, overview, text = built
+  assert os.path.basename(path) == "frozenlake.md" and text.startswith("# FrozenLake")
+  assert overview == [
+      "- a. PATR > Tree-Random > GRPO at equal budget: **holds**",
+      # quarter - full gains per seed -0.2, +0.1, +0.05: the interval [-0.2, +0.1] straddles 0
+      "- b. Tree-GRPO at a quarter of the budget >= chain GRPO at full budget: **inconclusive**",
+      # 12 vs 8 trajectories at the same spent budget: 1.5 on every seed
+      "- b2. Tree-GRPO gets 1.5x the trajectories per unit of budget: **holds**",
+      # both - intra = -0.05 on every seed; inter-only has not run
+      "- c. Intra-only advantages collapse at N=2; inter-only helps; both best: **does not hold**",
+      "- d. Tree methods change turn counts (Tree-GRPO longer, PATR shorter); PATR trajectories "
+      "are not longer: **holds**",
+      "- e. PATR's default group (keep pruned branches) >= the other group arms: **not run yet**"]
+  assert "\n".join(overview) in text
+
+
+def test_comparison_rows_by_hand(built):
+  text = built[3]
+  # PATR - Tree-Random gains per seed: 0.04, 0.05, 0.02 -> mean 3.7 points; three seeds: the 95%
+  # interval is their range; MDE = (1.959964 + 0.841621) * sd / sqrt(3)
+  sd = math.sqrt(sum((d - 0.11 / 3) ** 2 for d in (0.04, 0.05, 0.02)) / 2)
+  mde = 100 * 2.801585 * sd / math.sqrt(3)
+  assert (f"| PATR - Tree-Random | gain in eval/sampled_success | > 0.0 points | 3 | [0, 1, 2] | "
+          f"+3.7 points | [+2.0 points, +5.0 points] | {mde:.1f} points | **holds** |") in text
+  assert "| PATR - Tree-Random | gain in eval/greedy_success (secondary) |" in text
+  assert ("| Tree-GRPO / chain GRPO | trajectories per budget | >= 1.35x | 3 | [0, 1, 2] | 1.50x | "
+          "[1.50x, 1.50x] | 0.00x | **holds** |") in text
+  assert ("| Tree-GRPO, 1/4 budget - chain GRPO | gain in eval/sampled_success | > -5.0 points |"
+          in text)
+  assert ("| Tree-GRPO - Tree-GRPO inter-only | gain in eval/sampled_success | > 0.0 points | 0 | – | "
+          "– | – | – | **not run yet: no summaries of tree_grpo_inter** |") in text
+  assert "PATR paper: +9.3 points PATR over GRPO (66.5% -> 75.8%)." in text
+  assert "PATR 1.05 (meant 1), Tree-Random 1.00 (meant 1)" in text
+
+
+def test_tables(built):
+  text = built[3]
+  lines = text.splitlines()
+  row = next(line for line in lines if line.startswith("| chain GRPO | [0, 1, 2] |"))
+  assert "| 4 | generated | 200 ± 0 | 100 ± 0 | 1.00 | 1.00 | 4.0 ± 0.0 |" in row
+  quarter = next(line for line in lines if line.startswith("| Tree-GRPO, 1/4 budget | [0, 1, 2]"))
+  assert "| 0.25 | 0.25 |" in quarter                  # meant to spend a quarter: not flagged
+  arpo = next(line for line in lines if line.startswith("| ARPO | [0, 1, 2]"))
+  assert "1.50 (**not within 10% of 1**)" in arpo
+  # success: before 0.6 ± 0.1 for every method; chain GRPO's gain 0.027 ± 0.021
+  assert "| chain GRPO | 0.600 ± 0.100 | 0.627 ± 0.116 | +0.027 ± 0.021 |" in text
+  assert "| sampled side_2 | turns / episode | tokens / episode | train entropy |" in text
+  assert "tool calls" not in text.split("## Claims in detail")[0]
+
+
+def test_pngs(built):
+  root = built[0]
+  for name in ("frozenlake_success_vs_step.png", "frozenlake_success_vs_budget.png",
+               "frozenlake_mean_turns.png"):
+    with open(os.path.join(root, "out", name), "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  assert "![frozenlake_success_vs_budget.png](frozenlake_success_vs_budget.png)" in built[3]
+
+
+def test_budget_premise_flag_and_loose_pairing(tmp_path):
+  kw = {**KW, "patr": dict(spent=130.0)}
+  after = {m: AFTER[m] for m in ("grpo", "tree_random", "patr")}
+  directory = fixture(str(tmp_path / "runs"), after, kw)
+  write_summaries(directory, [summary("tree_random", 1, 0.55, 0.60)])   # another warm start
+  _, overview = report.build(directory, str(tmp_path / "out"))
+  assert overview[0] == ("- a. PATR > Tree-Random > GRPO at equal budget: **holds** "
+                         "(budget premise not met: PATR)")
+  text = open(tmp_path / "out" / "frozenlake.md").read()
+  assert "Seeds [1] of PATR - Tree-Random logged different step-0 evals" in text
+
+
+def test_gain_curve_and_measures():
+  runs = {s: summary("grpo", s, BEFORE[s], AFTER["grpo"][s]) for s in range(3)}
+  x, mean, low, high = figures.gain_curve(runs, claims.SAMPLED, "spent")
+  assert list(x) == [0.0, 400.0] and mean[1] == pytest.approx(0.08 / 3)
+  assert (low[1], high[1]) == (pytest.approx(0.01), pytest.approx(0.05))
+  # 8 trajectories over 2 prompts x 100 tokens, every step
+  assert measures.trajectories_per_budget(runs[0]) == pytest.approx(0.04)
+
+
+def test_toolcall_report(tmp_path):
+  ms = {"grpo": dict(turns=2.4, tool_calls=1.5), "tree_grpo": dict(turns=3.0, tool_calls=2.0)}
+  gains = {"grpo": (0.3, 0.4, 0.5), "tree_grpo": (0.35, 0.42, 0.56)}
+  write_summaries(str(tmp_path / "tc"), [
+      summary(m, s, 0.2, gains[m][s], env="toolcall", sides=False, **ms[m])
+      for m in ms for s in range(3)])
+  path, overview = report.build(str(tmp_path / "tc"), str(tmp_path / "out"))
+  text = open(path).read()
+  assert os.path.basename(path) == "toolcall.md" and text.startswith("# Tool-call QA")
+  assert overview[0] == "- a. Tree-GRPO > chain GRPO at equal budget: **holds**"
+  assert "- c. Tree-GRPO takes more turns and tool calls than chain GRPO: **holds**" in overview
+  assert "tool calls / episode" in text and "side_" not in text
+  assert os.path.exists(tmp_path / "out" / "toolcall_mean_turns.png")
+
+
+def test_mixed_envs_are_refused(tmp_path):
+  write_summaries(str(tmp_path), [summary("grpo", 0, 0.5, 0.6),
+                                  summary("patr", 0, 0.5, 0.6, env="toolcall")])
+  with pytest.raises(SystemExit, match="several envs"):
+    report.main(["--summaries", str(tmp_path), "--out_dir", str(tmp_path / "out")])
+
+
+def test_cli_end_to_end(tmp_path):
+  """Run directories -> summaries CLI -> report CLI, as run_frozenlake_methods does."""
+  runs, out = str(tmp_path / "sweep"), str(tmp_path / "out")
+  for method, gains in (("grpo", (0.0, 0.1)), ("tree_random", (0.1, 0.2)), ("patr", (0.2, 0.3))):
+    for seed, g in enumerate(gains):
+      write_run(runs, f"{method}_seed{seed}", [
+          {"step": 0, "eval/sampled_success": 0.5, "eval/greedy_success": 0.5},
+          {"step": 1, "rollout/cost_per_prompt/generated": 300.0, "rollout/trajectories": 8},
+          {"step": 2, "rollout/cost_per_prompt/generated": 340.0, "rollout/trajectories": 8,
+           "eval/sampled_success": 0.5 + g, "eval/greedy_success": 0.5 + g}])
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  for argv in (["experiments.reports.summaries", "--runs", runs, "--out", str(tmp_path / "s")],
+               ["experiments.reports.make_report", "--summaries",
+                str(tmp_path / "s"), "--out_dir", out]):
+    proc = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "- a. PATR > Tree-Random > GRPO at equal budget: **holds**" in proc.stdout
+  assert "- e. PATR's default group (keep pruned branches) >= the other group arms: " \
+         "**not run yet**" in proc.stdout
+  assert sorted(os.listdir(tmp_path / "s"))[0] == "grpo_seed0.json"
+  text = open(os.path.join(out, "frozenlake.md")).read()
+  # planned: 4 chains x 160 tokens; spent: (300 + 340) / 2 per step
+  assert "| chain GRPO | [0, 1] | 2 | generated | 640 ± 0 | 320 ± 0 |" in text

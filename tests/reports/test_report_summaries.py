@@ -1,0 +1,74 @@
+"""A run directory becomes a small summary: cumulative budget, eval rows, training rows, by hand."""
+
+import json
+import os
+
+from report_fixtures import write_run
+
+from experiments.reports import summaries
+
+COST = "rollout/cost_per_prompt/generated"
+ROWS = [
+    {"step": 0, "eval/greedy_success": 0.25, "eval/sampled_success": 0.2,
+     "eval/sampled_success/side_2": 0.5},
+    {"step": 1, COST: 100.0, "rollout/trajectories": 8, "rollout/budget/generated": 480,
+     "rollout/success_rate": 0.25, "rollout/mean_turns": 3.0, "learner/entropy": 1.5,
+     "learner/loss": 0.1, "time/step_s": 2.0},
+    {"step": 2, COST: 120.0, "rollout/trajectories": 8, "rollout/budget/generated": 400,
+     "rollout/success_rate": 0.5, "time/step_s": 3.0, "eval/greedy_success": 0.5,
+     "eval/sampled_success": 1 / 3},
+    {"step": 2, COST: 110.0},   # logged again by a resumed run: the later value wins
+    {"step": 3, "rollout/cost_per_prompt": 90.0, "learner/entropy": "nan", "time/step_s": 1.0},
+    {"step": 4, COST: 80.0, "rollout/trajectories": 6, "time/step_s": 2.0,
+     "eval/greedy_success": 0.75, "eval/sampled_success": 0.5},
+]
+
+
+def test_summary_fields_by_hand(tmp_path):
+  s = summaries.summarize(write_run(str(tmp_path), "grpo_seed1", ROWS))
+  assert (s["method"], s["seed"], s["env"], s["steps"]) == ("grpo", 1, "frozenlake", 4)
+  # chain: 4 chains x 10 turns x 16 tokens generated per prompt
+  assert s["planned_budget"] == 640.0 and s["budget_unit"] == "generated"
+  # per-prompt cost of steps 1..4: 100, 110 (the later row of step 2), 90 (the unit-less key), 80
+  assert s["spent_budget"] == 95.0
+  assert s["evals"] == [
+      {"step": 0, "spent": 0.0, "eval/greedy_success": 0.25, "eval/sampled_success": 0.2,
+       "eval/sampled_success/side_2": 0.5},
+      {"step": 2, "spent": 210.0, "eval/greedy_success": 0.5, "eval/sampled_success": 0.333333},
+      {"step": 4, "spent": 380.0, "eval/greedy_success": 0.75, "eval/sampled_success": 0.5}]
+  assert s["train"] == [
+      {"step": 1, "rollout/success_rate": 0.25, "rollout/mean_turns": 3.0,
+       "rollout/trajectories": 8, "learner/entropy": 1.5, COST: 100.0,
+       "rollout/response_tokens_per_trajectory": 60.0},
+      {"step": 2, "rollout/success_rate": 0.5, "rollout/trajectories": 8, COST: 110.0,
+       "rollout/response_tokens_per_trajectory": 50.0},
+      {"step": 3, COST: 90.0},
+      {"step": 4, "rollout/trajectories": 6, COST: 80.0}]
+  assert s["wall_s"] == 8.0
+  # the compact config: the report's sections, the model preset, no long values
+  assert sorted(s["config"]) == ["env", "learner", "model", "rollout", "train", "warmstart"]
+  assert s["config"]["model"] == {"preset": "tiny"} and "eval_maps" not in s["config"]["env"]
+  json.dumps(s, allow_nan=False)
+
+
+def test_method_and_seed_can_be_given(tmp_path):
+  s = summaries.summarize(write_run(str(tmp_path), "odd_name", ROWS[:2]), method="patr", seed=7)
+  assert (s["method"], s["seed"], s["evals"][0]["spent"]) == ("patr", 7, 0.0)
+
+
+def test_unknown_planned_cost_is_null(tmp_path):
+  rollout = {"method": "chain", "group_size": 4, "budget_unit": "computed", "max_turns": 10,
+             "max_tokens_per_turn": 16, "prompts_per_step": 2}
+  assert summaries.summarize(write_run(str(tmp_path), "a_seed0", ROWS, rollout))["planned_budget"] is None
+
+
+def test_cli_writes_one_file_per_finished_run(tmp_path):
+  runs, out = os.path.join(str(tmp_path), "sweep"), os.path.join(str(tmp_path), "out")
+  write_run(runs, "both_seed0", ROWS)
+  write_run(runs, "intra_seed0", ROWS)
+  write_run(runs, "intra_seed1", ROWS, finished=False)
+  summaries.main(["--runs", runs, "--out", out, "--prefix", "tree_grpo_",
+                  "--rename", "both=tree_grpo"])
+  assert sorted(os.listdir(out)) == ["tree_grpo_intra_seed0.json", "tree_grpo_seed0.json"]
+  loaded = summaries.load_summaries(out)
+  assert [(s["method"], s["seed"]) for s in loaded] == [("tree_grpo_intra", 0), ("tree_grpo", 0)]
