@@ -1,6 +1,7 @@
 """Measure the warm start: SFT steps until the greedy first move matches the expert.
 
     python -m tree_rl.warmstart.bench                       # CPU: tiny model, FrozenLake rllm
+    python -m tree_rl.warmstart.bench --preset=rllm_small --goal_hint --local_view --epsilon=0.2
     python -m tree_rl.warmstart.bench --steps=2000 --batch_size=64 --eval_every=100   # GPU
 
 Prints one JSON line and a table of (step, loss, first-move accuracy on held-out noiseless demos).
@@ -25,6 +26,7 @@ def main(argv=None):
   ap.add_argument("--env", default="frozenlake")
   ap.add_argument("--preset", default="rllm")
   ap.add_argument("--goal_hint", action="store_true", help="FrozenLake: observations name the goal's offset")
+  ap.add_argument("--local_view", action="store_true", help="FrozenLake: observations name each move's cell")
   ap.add_argument("--model", default="tiny")
   ap.add_argument("--steps", type=int, default=100)
   ap.add_argument("--batch_size", type=int, default=16)
@@ -40,7 +42,7 @@ def main(argv=None):
 
   c = config_lib.base_config()
   c.env.name, c.env.preset, c.model.preset = args.env, args.preset, args.model
-  c.env.goal_hint = args.goal_hint
+  c.env.goal_hint, c.env.local_view = args.goal_hint, args.local_view
   for k in ("steps", "batch_size", "max_len", "num_demos", "epsilon", "learning_rate",
             "warmup_steps", "eval_every"):
     c.warmstart[k] = getattr(args, k)
