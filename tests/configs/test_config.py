@@ -70,6 +70,13 @@ def test_every_config_builds_and_validates(path, algo, variant):
     config.rollout.not_a_field = 1
 
 
+@pytest.mark.parametrize("algo", sorted(ALGOS))
+def test_the_frozenlake_testbed_builds_and_validates(algo):
+  """The testbed's longer trajectories (local view lines) still fit the learner rows."""
+  config = sweep_build.check(Run("configs", "x", 0, f"configs/frozenlake.py:algo={algo},testbed", ()))
+  assert config.env.local_view and config.env.goal_hint and config.train.num_steps == 100
+
+
 def test_parse_arg_booleans_parse_as_command_line_flags_do():
   assert parse_arg("flag=false", flag=True).flag is False
   assert parse_arg("flag=1", flag=False).flag is True

@@ -27,7 +27,7 @@ __all__ = ["FROZEN", "HOLE", "GOAL", "PAD", "LEFT", "DOWN", "RIGHT", "UP", "NOOP
            "OBS_PLAYER_IN_HOLE", "OBS_PLAYER_ON_GOAL", "ST_START", "ST_MOVED", "ST_INVALID",
            "ST_HOLE", "ST_GOAL", "ST_OUT_OF_STEPS", "FrozenLakeParams", "FrozenLakeState",
            "bfs_distance", "generate_map", "observation_grid", "goal_position", "distance_to_goal",
-           "init_state", "transition", "neighbour", "neighbour_cells"]
+           "init_state", "transition", "neighbour", "neighbour_cells", "preferred_moves"]
 
 FROZEN, HOLE, GOAL, PAD = 0, 1, 2, 3
 LEFT, DOWN, RIGHT, UP = 0, 1, 2, 3
@@ -170,6 +170,28 @@ def neighbour_cells(state: FrozenLakeState) -> jax.Array:
     n = neighbour(state, state.pos, a)
     out.append(jnp.where(jnp.any(n != state.pos), codes[state.tiles[n[0], n[1]]], OBS_PAD))
   return jnp.stack(out)
+
+
+def _move_orders() -> np.ndarray:
+  """int32[9, 4]: for each (sign of the goal's row offset + 1) * 3 + (sign of its column offset
+  + 1), the moves toward the goal (vertical, then horizontal) and then the others in the order
+  Down, Right, Up, Left."""
+  table = []
+  for down in (-1, 0, 1):
+    for right in (-1, 0, 1):
+      first = ([DOWN if down > 0 else UP] if down else []) + ([RIGHT if right > 0 else LEFT] if right else [])
+      table.append(first + [a for a in (DOWN, RIGHT, UP, LEFT) if a not in first])
+  return np.array(table, np.int32)
+
+
+MOVE_ORDERS = _move_orders()
+
+
+def preferred_moves(state: FrozenLakeState) -> jax.Array:
+  """int32[4]: the four moves, those toward the goal first (the goal hint's order: vertical, then
+  horizontal), then the others in the order Down, Right, Up, Left."""
+  d = jnp.sign(goal_position(state) - state.pos) + 1
+  return jnp.asarray(MOVE_ORDERS)[d[0] * 3 + d[1]]
 
 
 def goal_position(state: FrozenLakeState) -> jax.Array:

@@ -4,9 +4,9 @@ reading the local view alone achieves, and the expert's ceiling.
     hint    plays the goal hint's first direction word (Down, else Up, else Left, else Right:
             the order the hint names offsets in), never looking at holes
     random  a uniformly random move among those that stay on the map (holes not avoided)
-    local   reads only what the hint and the local view show: the hint's first direction whose
-            cell is not a hole and on the map (vertical first), else the first such move in the
-            order Down, Right, Up, Left, else the hint's word
+    local   reads only the local view: its first listed move whose cell is neither a hole nor
+            the map's edge (the hint's directions first, vertical first, then Down, Right, Up,
+            Left), else the hint's word
     expert  the move with the fewest breadth-first-search moves left to the goal (reads the grid)
 
 `success(env, states, rule, key, episodes)` plays `episodes` single-move turns per map, up to
@@ -37,17 +37,11 @@ def random_move(state, key) -> jax.Array:
 
 
 def local_move(state) -> jax.Array:
-  """The hint's first safe direction, else the first safe move (see the module docstring)."""
-  d = fl.goal_position(state) - state.pos
-  safe = (fl.neighbour_cells(state) != fl.OBS_PAD) & (fl.neighbour_cells(state) != fl.OBS_HOLE)
-  vertical = jnp.where(d[0] > 0, fl.DOWN, fl.UP)
-  horizontal = jnp.where(d[1] < 0, fl.LEFT, fl.RIGHT)
-  order = [(d[0] != 0, vertical), (d[1] != 0, horizontal)]
-  order += [(True, jnp.int32(a)) for a in (fl.DOWN, fl.RIGHT, fl.UP, fl.LEFT)]
-  move = hint_move(state)
-  for wanted, a in reversed(order):
-    move = jnp.where(wanted & safe[a], a, move)
-  return move.astype(jnp.int32)
+  """The first move of the local view's order whose cell is safe, else the hint's word."""
+  moves = fl.preferred_moves(state)
+  cells = fl.neighbour_cells(state)[moves]
+  safe = (cells != fl.OBS_PAD) & (cells != fl.OBS_HOLE)
+  return jnp.where(jnp.any(safe), moves[jnp.argmax(safe)], hint_move(state)).astype(jnp.int32)
 
 
 MOVES = {"hint": lambda state, key: hint_move(state), "random": random_move,

@@ -4,10 +4,14 @@ Observation text (the user message):
     [instructions on the first turn | a status line after a turn]
     the grid, one row per line, cells separated by spaces:
       P player, _ frozen, O hole, G goal, X player in a hole, V player on the goal
-    with local_view: what each move leads onto, e.g. "Left _, Down O, Right #, Up G." (# = the
-      map's edge), so a policy that cannot yet find its row neighbours in the grid text sees them
     with goal_hint: where the goal lies from the player, e.g. "Goal: 2 Down, 1 Right." ("Goal: here.")
     "Remaining steps: N"
+    with local_view, four last lines: what each move leads onto, the moves towards the goal
+      first (vertical, then horizontal: the hint's order), then the others (Down, Right, Up,
+      Left), e.g. "Down:O", "Right:_", "Up:G", "Left:#" (# = the map's edge). Each line is 4
+      tokens of the built-in tokenizer (its move word is the very token a reply uses) and the
+      lines end the message, so each sits at a fixed distance from the reply: a policy too small
+      to find its neighbours in the grid text reads them here
 
 Action rules (on the reply's UTF-8 bytes, the first `env.reply_byte_capacity(T)` of a T-token reply:
 `max_reply_bytes` if set, else 8 bytes per token):
@@ -62,9 +66,8 @@ def hint_text(down: int, right: int) -> str:
 
 
 def near_text(move: int, code: int) -> str:
-  """The local view's part for one move (in action order, the line ends after Up)."""
-  head = "" if move == 0 else ", "
-  return head + f"{fl.ACTION_NAMES[move]} {NEAR_CHARS[code]}" + (".\n" if move == 3 else "")
+  """The local view's line for one move, e.g. "\nDown:O"."""
+  return f"\n{fl.ACTION_NAMES[move]}:{NEAR_CHARS[code]}"
 
 
 def steps_text(n: int) -> str:
@@ -94,29 +97,33 @@ def host_grid(state) -> np.ndarray:
   return grid
 
 
-def host_near(state) -> list[int]:
-  """OBS_* code of the cell each move (Left, Down, Right, Up) leads onto; OBS_PAD off the map."""
+def host_near(state) -> list[tuple[int, int]]:
+  """(move, OBS_* code of the cell it leads onto; OBS_PAD off the map) in the local view's order:
+  the moves towards the goal (vertical first), then Down, Right, Up, Left."""
   tiles = np.asarray(state.tiles)
   r, c = (int(x) for x in np.asarray(state.pos))
+  gr, gc = (int(x) for x in np.argwhere(tiles == fl.GOAL)[0])
+  first = ([fl.DOWN if gr > r else fl.UP] if gr != r else []) + (
+      [fl.RIGHT if gc > c else fl.LEFT] if gc != c else [])
   out = []
-  for dr, dc in ((0, -1), (1, 0), (0, 1), (-1, 0)):
-    nr, nc = r + dr, c + dc
+  for a in first + [a for a in (fl.DOWN, fl.RIGHT, fl.UP, fl.LEFT) if a not in first]:
+    nr, nc = r + (a == fl.DOWN) - (a == fl.UP), c + (a == fl.RIGHT) - (a == fl.LEFT)
     inside = 0 <= nr < int(state.nrow) and 0 <= nc < int(state.ncol)
-    out.append([fl.OBS_FROZEN, fl.OBS_HOLE, fl.OBS_GOAL][tiles[nr, nc]] if inside else fl.OBS_PAD)
+    out.append((a, [fl.OBS_FROZEN, fl.OBS_HOLE, fl.OBS_GOAL][tiles[nr, nc]] if inside else fl.OBS_PAD))
   return out
 
 
 def content_text(state, params, head: str, goal_hint: bool = False, local_view: bool = False) -> str:
   grid = host_grid(state)
   remaining = max(int(params.max_steps) - int(state.steps), 0)
-  near = "".join(near_text(a, code) for a, code in enumerate(host_near(state))) if local_view else ""
+  near = "".join(near_text(*mc) for mc in host_near(state)) if local_view else ""
   hint = ""
   if goal_hint:
     goal = np.argwhere(np.asarray(state.tiles) == fl.GOAL)[0]
     down, right = (int(g) - int(p) for g, p in zip(goal, np.asarray(state.pos)))
     hint = hint_text(down, right)
-  return (head + grid_text(grid, int(state.nrow), int(state.ncol)) + near + hint
-          + steps_text(remaining))
+  return (head + grid_text(grid, int(state.nrow), int(state.ncol)) + hint + steps_text(remaining)
+          + near)
 
 
 def initial_prompt_text(env, markup: tx.ChatMarkup, state, params) -> str:
@@ -211,17 +218,18 @@ class FrozenLakeText:
     head_ids = jnp.stack(head_ids)
     remaining = jnp.clip(params.max_steps - state.steps, 0, _NUMBERS - 1)
     groups = [(wt[head_ids], wl[head_ids]), self._grid_groups(state)]
-    if self.env.local_view:
-      i = jnp.arange(4) * 4 + fl.neighbour_cells(state)
-      groups.append((jnp.asarray(self.near.tokens)[i], jnp.asarray(self.near.lengths)[i]))
     if self.env.goal_hint:
       m = self.env.max_size
       d = fl.goal_position(state) - state.pos + (m - 1)
       i = d[0] * (2 * m - 1) + d[1]
       groups.append((jnp.asarray(self.hints.tokens)[i][None], jnp.asarray(self.hints.lengths)[i][None]))
-    groups += [(jnp.asarray(self.numbers.tokens)[remaining][None],
-                jnp.asarray(self.numbers.lengths)[remaining][None]),
-               (wt[3][None], wl[3][None])]
+    groups.append((jnp.asarray(self.numbers.tokens)[remaining][None],
+                   jnp.asarray(self.numbers.lengths)[remaining][None]))
+    if self.env.local_view:
+      moves = fl.preferred_moves(state)
+      i = moves * 4 + fl.neighbour_cells(state)[moves]
+      groups.append((jnp.asarray(self.near.tokens)[i], jnp.asarray(self.near.lengths)[i]))
+    groups.append((wt[3][None], wl[3][None]))
     return tx.concat_segments(groups, capacity, self.pad_id)
 
   def initial_prompt_tokens(self, state, params):

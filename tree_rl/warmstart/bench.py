@@ -33,6 +33,7 @@ def main(argv=None):
   ap.add_argument("--max_len", type=int, default=256)
   ap.add_argument("--num_demos", type=int, default=512)
   ap.add_argument("--epsilon", type=float, default=0.1)
+  ap.add_argument("--loss_on_noise", action="store_true", help="also train on the noisy moves")
   ap.add_argument("--learning_rate", type=float, default=3e-3)
   ap.add_argument("--warmup_steps", type=int, default=20)
   ap.add_argument("--eval_every", type=int, default=25)
@@ -44,7 +45,7 @@ def main(argv=None):
   c.env.name, c.env.preset, c.model.preset = args.env, args.preset, args.model
   c.env.goal_hint, c.env.local_view = args.goal_hint, args.local_view
   for k in ("steps", "batch_size", "max_len", "num_demos", "epsilon", "learning_rate",
-            "warmup_steps", "eval_every"):
+            "warmup_steps", "eval_every", "loss_on_noise"):
     c.warmstart[k] = getattr(args, k)
   w = c.warmstart
   warmstart.validate(w)
