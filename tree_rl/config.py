@@ -206,6 +206,8 @@ def base_config() -> ml_collections.ConfigDict:
       num_demos=512,            # demonstration episodes generated on device
       epsilon=0.1,              # expert noise: per-move chance of a random move / distractor reply
       loss_on_noise=False,      # also train on the noisy replies (else only their context is kept)
+      hard_fraction=0.0,        # share of demos starting where the expert's move is not the obvious one
+                                # (FrozenLake: not the hint's direction), drawn from 8x as many episodes; 0 = as generated
       max_len=256,              # tokens per demo sequence (prompt, replies, observations); longer are cut
       steps=100,                # SFT updates
       batch_size=16,            # demo sequences per update

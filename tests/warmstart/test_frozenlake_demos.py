@@ -179,3 +179,37 @@ def test_registry(rllm_env):
   assert isinstance(warmstart.make_expert("frozenlake_up", rllm_env, 0.0), Always)
   with pytest.raises(ValueError, match="already registered"):
     envs.register("frozenlake_up", envs.FrozenLake, expert=lambda env, eps: None)
+
+
+def test_hard_demos_start_where_the_expert_leaves_the_hint(tok):
+  """`Expert.hard` is true exactly where the noiseless first move is not the hint's direction;
+  hard_fraction draws that share of the demos from a larger pool, the rest from easy ones."""
+  from tree_rl.envs.frozenlake_rules import hint_move
+  from tree_rl.warmstart.sft import HARD_POOL, draw_demos
+  env = envs.make("frozenlake", preset="rllm_small", tokenizer=tok, goal_hint=True)
+  expert = warmstart.make_expert("frozenlake", env, 0.0)
+  # "SF/HG": the hint says Down, into the hole, so the expert goes Right first
+  tiles = np.full((5, 5), fl.PAD, np.int32)
+  tiles[:2, :2] = [[fl.FROZEN, fl.FROZEN], [fl.HOLE, fl.GOAL]]
+  state = env.init_state(tiles, 2, 2, (0, 0))
+  assert int(hint_move(state)) == fl.DOWN and bool(expert.hard(state))
+  tiles[1, 0] = fl.FROZEN
+  assert not bool(expert.hard(env.init_state(tiles, 2, 2, (0, 0))))
+
+  gen = warmstart.DemoGenerator(env, tok, expert, max_len=256)
+  natural = _np(gen(jax.random.key(3), 64))
+  mixed = _np(draw_demos(gen, expert, jax.random.key(3), 64, 0.5))
+  pool = _np(gen(jax.random.key(3), HARD_POOL * 64))
+  assert 0 < natural.hard.mean() < 0.5 and mixed.hard.sum() == 32
+  # the hard ones are the pool's first 32 hard episodes, in order
+  first_hard = np.flatnonzero(pool.hard)[:32]
+  np.testing.assert_array_equal(mixed.tokens[:32], pool.tokens[first_hard])
+  # and each of them opens with a move other than the hint's
+  names = [n.encode() for n in fl.ACTION_NAMES]
+  for i in range(32):
+    text = tok.decode(list(mixed.tokens[i, :mixed.length[i]]))
+    first_move = text.split(GEN_PROMPT)[1].split("<|im_end|>")[0]
+    hint = text.split("Goal: ")[1].split(".")[0]
+    first_hint_word = [w for w in hint.replace(",", "").split() if w.encode() in names][0]
+    assert first_move != first_hint_word
+

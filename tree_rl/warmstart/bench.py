@@ -34,6 +34,8 @@ def main(argv=None):
   ap.add_argument("--num_demos", type=int, default=512)
   ap.add_argument("--epsilon", type=float, default=0.1)
   ap.add_argument("--loss_on_noise", action="store_true", help="also train on the noisy moves")
+  ap.add_argument("--hard_fraction", type=float, default=0.0,
+                  help="share of demos where the expert leaves the obvious move")
   ap.add_argument("--learning_rate", type=float, default=3e-3)
   ap.add_argument("--warmup_steps", type=int, default=20)
   ap.add_argument("--eval_every", type=int, default=25)
@@ -45,7 +47,7 @@ def main(argv=None):
   c.env.name, c.env.preset, c.model.preset = args.env, args.preset, args.model
   c.env.goal_hint, c.env.local_view = args.goal_hint, args.local_view
   for k in ("steps", "batch_size", "max_len", "num_demos", "epsilon", "learning_rate",
-            "warmup_steps", "eval_every", "loss_on_noise"):
+            "warmup_steps", "eval_every", "loss_on_noise", "hard_fraction"):
     c.warmstart[k] = getattr(args, k)
   w = c.warmstart
   warmstart.validate(w)
@@ -59,7 +61,7 @@ def main(argv=None):
   eval_gen = warmstart.DemoGenerator(env, tok, warmstart.make_expert(args.env, env, 0.0),
                                      max_len=w.max_len)
   t0 = time.perf_counter()
-  demos = gen(k_demo, w.num_demos)
+  demos = warmstart.draw_demos(gen, gen.expert, k_demo, w.num_demos, w.hard_fraction)
   eval_demos = eval_gen(k_eval, args.eval_demos)
   jax.block_until_ready((demos.tokens, eval_demos.tokens))
   demo_s = time.perf_counter() - t0

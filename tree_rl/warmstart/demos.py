@@ -36,6 +36,8 @@ class Demos:
   reward: jax.Array        # float32[N] episode return
   success: jax.Array       # bool[N]
   truncated: jax.Array     # bool[N] the episode did not fit in L tokens
+  hard: jax.Array          # bool[N] it starts where the expert's move is not the obvious one
+                           # (`Expert.hard`; False for an expert without it)
 
 
 class ReplyTable:
@@ -70,6 +72,7 @@ def episode(env, expert: Expert, table: ReplyTable, key, params, *, max_len: int
   """One demonstration episode (unbatched); vmap over keys for a batch."""
   k_reset, k_run = jax.random.split(key)
   state, _ = env.reset(k_reset, params)
+  hard = expert.hard(state) if hasattr(expert, "hard") else jnp.bool_(False)
   prompt, plen = env.initial_prompt_tokens(state, params)
   tokens = _write(jnp.full((max_len,), pad_id, jnp.int32), 0, prompt, plen)
   zeros = jnp.zeros((max_len,), bool)
@@ -101,7 +104,7 @@ def episode(env, expert: Expert, table: ReplyTable, key, params, *, max_len: int
   return Demos(tokens=tokens, loss_mask=train.astype(jnp.float32), reply_mask=reply,
                length=jnp.minimum(pos, max_len), prompt_len=jnp.minimum(plen, max_len).astype(jnp.int32),
                rows=rows, intended=intended, noisy=noisy, turns=state.turns.astype(jnp.int32),
-               reward=ret, success=expert.success(state), truncated=pos > max_len)
+               reward=ret, success=expert.success(state), truncated=pos > max_len, hard=hard)
 
 
 class DemoGenerator:

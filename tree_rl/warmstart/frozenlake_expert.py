@@ -93,3 +93,8 @@ class FrozenLakeExpert:
   def success(self, state):
     return state.won
 
+  def hard(self, state):
+    """The noiseless first move is not the goal hint's first direction (a hole, the edge or a
+    longer way round is in the way)."""
+    return best_move(state) != fl.preferred_moves(state)[0]
+

@@ -85,4 +85,4 @@ class HostDemoGenerator:
                  prompt_len=jnp.asarray(np.minimum(plens, L), jnp.int32), rows=jnp.asarray(rows),
                  intended=jnp.full(rows.shape, -1, jnp.int32), noisy=jnp.asarray(noisy),
                  turns=jnp.asarray(turns), reward=jnp.asarray(ret), success=jnp.asarray(ret > 0),
-                 truncated=jnp.asarray(length > L))
+                 truncated=jnp.asarray(length > L), hard=jnp.zeros((n,), bool))

@@ -37,6 +37,8 @@ def validate(w) -> None:
   if float(w.grad_clip) < 0 or float(w.weight_decay) < 0:
     raise ValueError(f"warmstart.grad_clip and warmstart.weight_decay must be >= 0, "
                      f"got {w.grad_clip}, {w.weight_decay}")
+  if not 0.0 <= float(w.hard_fraction) <= 1.0:
+    raise ValueError(f"warmstart.hard_fraction must be in [0, 1], got {w.hard_fraction}")
   if w.attention not in ATTENTION:
     raise ValueError(f"warmstart.attention={w.attention!r}; known: {ATTENTION}")
 
@@ -112,6 +114,25 @@ def _to_master(a):
   return a.astype(jnp.float32) if jnp.issubdtype(a.dtype, jnp.floating) else a
 
 
+HARD_POOL = 8   # episodes generated per demonstration kept when hard ones are oversampled
+
+
+def draw_demos(gen, expert, key, n: int, hard_fraction: float) -> Demos:
+  """`n` demonstrations; with `hard_fraction` > 0, that share of them (as far as a pool of
+  HARD_POOL * n episodes holds) start where the expert's first move is not the obvious one
+  (`Expert.hard`), the rest where it is, each in pool order."""
+  if hard_fraction <= 0:
+    return gen(key, n)
+  if not hasattr(expert, "hard"):
+    raise ValueError(f"warmstart.hard_fraction={hard_fraction} needs an expert with hard(state); "
+                     f"{type(expert).__name__} has none")
+  pool = gen(key, HARD_POOL * n)
+  hard = np.asarray(jax.device_get(pool.hard))
+  want = min(int(round(hard_fraction * n)), int(hard.sum()))
+  pick = np.concatenate([np.flatnonzero(hard)[:want], np.flatnonzero(~hard)[:n - want]])
+  return jax.tree.map(lambda x: x[pick], pool)
+
+
 def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
                evaluate: Callable[[nnx.State], float] | None = None
                ) -> tuple[nnx.State, dict[str, Any]]:
@@ -124,7 +145,9 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
 
   Returns the trained Params (an nnx.State; `nnx.update(model, params)` loads them) and stats:
   loss (per step), steps, returned_step (whose params come back), evals ([(step, success)]),
-  stopped_early, demo_success / demo_return / demo_tokens / demo_truncated, seconds (demo
+  stopped_early, demo_success / demo_return / demo_tokens / demo_truncated / demo_hard (the share
+  of demos starting where the expert's move is not the obvious one: `warmstart.hard_fraction`
+  oversamples them), seconds (demo
   generation, training). The model itself is not changed. With `warmstart.enabled=False` the
   model's Params come back untouched.
   """
@@ -140,7 +163,7 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   make = HostDemoGenerator if is_host_env(env) else DemoGenerator   # a host env plays its expert on the host
   gen = make(env, tokenizer, expert, max_len=int(w.max_len), loss_on_noise=bool(w.loss_on_noise))
   k_demo, k_train = _split2(key)
-  demos: Demos = gen(k_demo, int(w.num_demos))
+  demos: Demos = draw_demos(gen, expert, k_demo, int(w.num_demos), float(w.hard_fraction))
   if not np.asarray(demos.loss_mask).any():
     raise ValueError("the warm-start demos hold no trained reply tokens: raise warmstart.max_len "
                      f"(={w.max_len}) above the prompt length or lower warmstart.epsilon")
@@ -173,5 +196,6 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
                returned_step=returned_step,
                demo_success=float(np.mean(success)), demo_return=float(np.mean(reward)),
                demo_tokens=float(np.mean(length)), demo_truncated=float(np.mean(truncated)),
+               demo_hard=float(np.mean(jax.device_get(demos.hard))),
                seconds=dict(demos=t1 - t0, train=time.perf_counter() - t1))
   return final, stats
