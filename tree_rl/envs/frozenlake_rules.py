@@ -24,10 +24,9 @@ from tree_rl.warmstart.frozenlake_expert import best_move
 
 
 def hint_move(state) -> jax.Array:
-  """The hint's first word: Down or Up while the goal is on another row, then Left or Right."""
-  d = fl.goal_position(state) - state.pos
-  return jnp.where(d[0] > 0, fl.DOWN, jnp.where(d[0] < 0, fl.UP,
-                                                 jnp.where(d[1] < 0, fl.LEFT, fl.RIGHT)))
+  """The hint's first word: Down or Up while the goal is on another row, then Left or Right
+  (the first of the dynamics' `preferred_moves`)."""
+  return fl.preferred_moves(state)[0]
 
 
 def random_move(state, key) -> jax.Array:
