@@ -144,9 +144,10 @@ FROZENLAKE = (
                       form="relative", unit="%")),
           paper="Tokens per episode are compared relative to chain GRPO's, with a 5% margin."),
     Claim("e", "PATR's default group (keep pruned branches) >= the other group arms",
-          (*on_success("patr_keep_all", "patr_drop_pruned", "not_less"),
-           *on_success("patr_keep_all", "patr_best_n", "not_less", optional=True)),
-          paper="PATR paper: pruned branches stay in the group as negatives."),
+          (*on_success("patr", "patr_drop_pruned", "not_less"),
+           *on_success("patr", "patr_best_n", "not_less", optional=True)),
+          paper="PATR paper: pruned branches stay in the group as negatives (`patr`, the "
+                "default, keeps them)."),
 )
 
 TOOLCALL = (

@@ -16,7 +16,7 @@ import numpy as np
 LABELS = {"grpo": "chain GRPO", "tree_grpo": "Tree-GRPO", "tree_random": "Tree-Random",
           "patr": "PATR", "tree_grpo_quarter": "Tree-GRPO, 1/4 budget",
           "tree_grpo_intra": "Tree-GRPO intra-only", "tree_grpo_inter": "Tree-GRPO inter-only",
-          "patr_keep_all": "PATR keep pruned", "patr_drop_pruned": "PATR drop pruned",
+          "patr_drop_pruned": "PATR drop pruned",
           "patr_best_n": "PATR best n", "dapo": "DAPO", "gigpo": "GiGPO", "arpo": "ARPO"}
 ENVS = {"frozenlake": "FrozenLake", "toolcall": "Tool-call QA"}
 REFERENCE = "grpo"

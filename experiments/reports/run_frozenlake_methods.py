@@ -1,14 +1,18 @@
-"""Run the `frozenlake_methods` sweep with one warm start per seed, then build the report.
+"""Run report sweeps with one warm start per seed, then build the report.
 
     python -m experiments.reports.run_frozenlake_methods --parallel 2 -- --config.train.num_steps=12
+    python -m experiments.reports.run_frozenlake_methods --sweep frozenlake_reproduction \
+        --sweep frozenlake_ablations --seeds 0 1
 
-The four methods of one seed start from the same warm-start checkpoint: the warm start depends on
-the seed and `config.warmstart` only, so the first method's run computes it and the others resume
-from a copy of its step-0 checkpoint (and step-0 eval row), which continues exactly as a run from
-scratch would (resume is bitwise exact). Seeds run in parallel processes; arguments after `--`
-are added to every run (e.g. a shorter schedule). Finally each finished run's summary is written
-into `--summaries` (`summaries.py`, committed with the report) and `make_report` builds
-the report from that directory.
+The methods of one seed (over every `--sweep` given) start from the same warm-start checkpoint:
+the warm start depends on the seed and `config.warmstart` only, so the first method's run
+computes it and the others resume from a copy of its step-0 checkpoint (and step-0 eval row),
+which continues exactly as a run from scratch would (resume is bitwise exact). Runs already
+summarized in `--summaries` are skipped, so a reproduction longer than one session continues in
+the next. Seeds run in parallel processes; arguments after `--` are added to every run (e.g. a
+shorter schedule). Finally each finished run's summary is written into `--summaries`
+(`summaries.py`, committed with the report) and `make_report` builds the report from that
+directory.
 """
 
 from __future__ import annotations
@@ -42,16 +46,21 @@ def _seed_share(src: str, dst: str):
     f.write(first)
 
 
-def run_seed(runs: list, root: str, extra: list[str]):
-  first, *rest = runs
-  for i, run in enumerate(runs):
+def run_seed(runs: list, root: str, extra: list[str], summaries_dir: str = ""):
+  """Train one seed's runs in order, skipping those already summarized (in their workdir or in
+  `summaries_dir`, so a reproduction spreads over sessions); the first one trained computes the
+  warm start and the others start from a copy of it."""
+  source = None
+  for run in runs:
     workdir = run.workdir(root)
-    if os.path.exists(os.path.join(workdir, "summary.json")):
+    if os.path.exists(os.path.join(workdir, "summary.json")) or (
+        summaries_dir and os.path.exists(os.path.join(summaries_dir, f"{run.name}.json"))):
       continue
-    if i and not os.path.exists(workdir):
-      _seed_share(first.workdir(root), workdir)
+    if source is not None and not os.path.exists(workdir):
+      _seed_share(source.workdir(root), workdir)
     os.makedirs(workdir, exist_ok=True)
     _train(run, root, extra, os.path.join(workdir, "train.log"))
+    source = source or run
     print(f"done {run.sweep}/{run.name}", flush=True)
 
 
@@ -59,20 +68,26 @@ def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   extra = argv[argv.index("--") + 1:] if "--" in argv else []
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--sweep", default="frozenlake_methods")
+  ap.add_argument("--sweep", action="append", help="a report sweep (repeatable; default "
+                  "frozenlake_methods); runs of one seed share one warm start across them")
+  ap.add_argument("--seeds", type=int, nargs="*", help="only these seeds (default: each sweep's)")
   ap.add_argument("--root", default="runs/sweeps")
   ap.add_argument("--parallel", type=int, default=1, help="seeds run at once")
   ap.add_argument("--summaries", default="experiments/reports/frozenlake_runs",
                   help="where the per-run summaries go (the report is built from them)")
   ap.add_argument("--out_dir", default="experiments/reports")
   args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+  names = args.sweep or ["frozenlake_methods"]
   by_seed = {}
-  for run in sweeps.get(args.sweep).runs():
-    by_seed.setdefault(run.seed, []).append(run)
+  for name in names:
+    for run in sweeps.get(name).runs():
+      if args.seeds is None or run.seed in args.seeds:
+        by_seed.setdefault(run.seed, []).append(run)
   with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
-    for f in [pool.submit(run_seed, runs, args.root, extra) for runs in by_seed.values()]:
+    for f in [pool.submit(run_seed, runs, args.root, extra, args.summaries) for runs in by_seed.values()]:
       f.result()
-  summaries.write_summaries(os.path.join(args.root, args.sweep), args.summaries)
+  for name in names:
+    summaries.write_summaries(os.path.join(args.root, name), args.summaries)
   make_report.main(["--summaries", args.summaries, "--out_dir", args.out_dir])
 
 

@@ -1,31 +1,88 @@
-"""The FrozenLake reproduction report's runs: chain GRPO, Tree-GRPO, Tree-Random and PATR on the
-default FrozenLake config, three seeds each (`experiments/reports/summaries.py` turns their logs
-into per-run summaries, `experiments/reports/make_report.py` those into
-`experiments/reports/frozenlake.md`).
+"""The report sweeps: which runs `experiments/reports/make_report.py` turns into a report
+(`experiments/reports/run_frozenlake_methods.py` runs them, one warm start per seed).
 
-The four compare at an equal planned budget: chain GRPO's base group of G chains, and the tree
-methods shaped by `budget.method_shapes` to plan G trajectories per prompt too (at PATR's GRPO
-group G = 8: Tree-GRPO M=4, N=2, L=1; PATR / Tree-Random B0=6, top-4, M=2, 10 branches: the paper's
-B0=4, top-2 plans 5 trajectories; DAPO and GiGPO 8 chains; ARPO B0=4 and a cap of 8 branches,
-its worst case 7.6). No runtime cap: every method runs its own rule."""
+`frozenlake_methods`: chain GRPO, Tree-GRPO, Tree-Random, PATR, DAPO, GiGPO and ARPO on the
+default FrozenLake config, three seeds each.
+
+`frozenlake_reproduction` (#20, on the `testbed` config, 5 seeds): chain GRPO (group 8),
+Tree-GRPO, Tree-Random and PATR at an equal planned budget of 8 trajectories per prompt, and
+`tree_grpo_quarter` at 2 (a quarter). `frozenlake_ablations` (3 seeds): Tree-GRPO intra-only and
+inter-only advantages (`tree_grpo` of the reproduction is "both"), PATR's group without the
+pruned branches and Best_n (`patr` of the reproduction keeps them, the paper's default). Seeds
+0-2 of the two sweeps share their warm starts.
+
+Shapes at equal budget (`budget.method_shapes`): chain G=8; Tree-GRPO M=4, N=2, L=1 (M trees of
+1 + L*N/2 trajectories' worth each: the issue's M=2 plans 4, half of chain GRPO's 8); PATR /
+Tree-Random B0=6, top-4, M=2, 10 branches (the paper's B0=4, top-2 plans 5); DAPO and GiGPO 8
+chains; ARPO B0=4 and a cap of 8 branches. The quarter: Tree-GRPO M=1, N=2, L=1. No runtime cap:
+every method runs its own rule, and the report sets the spent budget beside the planned one.
+"""
 
 from experiments.sweeps.budget import method_shapes
 from experiments.sweeps.build import base_values
 from experiments.sweeps.core import CONFIG_KEY, Sweep
+from experiments.sweeps.tree_grpo import ADVANTAGE
 
 PATH = "configs/frozenlake.py"
 METHODS = ("grpo", "tree_grpo", "tree_random", "patr", "dapo", "gigpo", "arpo")
+REPRODUCTION = ("grpo", "tree_grpo", "tree_random", "patr")
+REPRODUCTION_SEEDS = (0, 1, 2, 3, 4)
+ABLATION_SEEDS = (0, 1, 2)
+
+
+def _group_size() -> int:
+  return int(base_values(f"{PATH}:algo=grpo", ["rollout.group_size"])["rollout.group_size"])
+
+
+def _entry(algo: str, shape: dict, arg: str = "") -> dict:
+  return {CONFIG_KEY: f"{PATH}:algo={algo}{arg}", **shape}
 
 
 def frozenlake_methods() -> Sweep:
-  k = int(base_values(f"{PATH}:algo=grpo", ["rollout.group_size"])["rollout.group_size"])
+  k = _group_size()
   shapes = method_shapes(PATH, k)
   return Sweep("frozenlake_methods", f"{PATH}:algo=patr",
-               {algo: {CONFIG_KEY: f"{PATH}:algo={algo}", **shapes[algo]} for algo in METHODS},
+               {algo: _entry(algo, shapes[algo]) for algo in METHODS},
                equal_budget=(METHODS,),
                description=f"FrozenLake report: chain GRPO / Tree-GRPO / Tree-Random / PATR / DAPO / "
                            f"GiGPO / ARPO at "
                            f"{k} planned trajectories per prompt, 3 seeds")
 
 
-SWEEPS = {"frozenlake_methods": frozenlake_methods}
+def frozenlake_reproduction() -> Sweep:
+  # The testbed changes the view, the warm start and the schedule, not the rollout: the shapes
+  # of the default config are the testbed's (and `sweeps.get` checks the budgets on the
+  # testbed configs themselves).
+  k = _group_size()
+  shapes = method_shapes(PATH, k)
+  entries = {algo: _entry(algo, shapes[algo], ",testbed") for algo in REPRODUCTION}
+  entries["tree_grpo_quarter"] = _entry("tree_grpo", method_shapes(PATH, k // 4)["tree_grpo"],
+                                        ",testbed")
+  return Sweep("frozenlake_reproduction", f"{PATH}:algo=patr,testbed", entries,
+               seeds=REPRODUCTION_SEEDS, equal_budget=(REPRODUCTION,),
+               description=f"FrozenLake reproduction on the testbed: chain GRPO / Tree-GRPO / "
+                           f"Tree-Random / PATR at {k} planned trajectories per prompt and "
+                           f"Tree-GRPO at {k // 4}, 5 seeds")
+
+
+def frozenlake_ablations() -> Sweep:
+  k = _group_size()
+  shapes = method_shapes(PATH, k)
+  tree = _entry("tree_grpo", shapes["tree_grpo"], ",testbed")
+  patr = _entry("patr", shapes["patr"], ",testbed")
+  b0 = int(shapes["patr"]["rollout.initial_branches"])
+  entries = {"tree_grpo_intra": {**tree, **ADVANTAGE["intra"]},
+             "tree_grpo_inter": {**tree, **ADVANTAGE["inter"]},
+             "patr_drop_pruned": {**patr, "rollout.keep_pruned": False},
+             "patr_best_n": {**patr, "rollout.keep_best": b0}}
+  return Sweep("frozenlake_ablations", f"{PATH}:algo=patr,testbed", entries,
+               seeds=ABLATION_SEEDS,
+               equal_budget=(("tree_grpo_intra", "tree_grpo_inter", "patr_drop_pruned",
+                              "patr_best_n"),),
+               description="FrozenLake ablations on the testbed, 3 seeds: Tree-GRPO intra-only / "
+                           "inter-only advantages, PATR without pruned branches / Best_n")
+
+
+SWEEPS = {"frozenlake_methods": frozenlake_methods,
+          "frozenlake_reproduction": frozenlake_reproduction,
+          "frozenlake_ablations": frozenlake_ablations}

@@ -74,9 +74,9 @@ def test_every_run_of_every_sweep_builds_a_valid_locked_config():
   workdirs = set()
   for name in names:
     sweep = sweeps.get(name)
-    assert sweep.name == name and sweep.seeds == (0, 1, 2)
+    assert sweep.name == name and sweep.seeds[:3] == (0, 1, 2)
     runs = sweep.runs()
-    assert len(runs) == 3 * len(sweep.entries)
+    assert len(runs) == len(sweep.seeds) * len(sweep.entries)
     for run, config in zip(runs, check_all(runs)):
       assert config.seed == run.seed
       for key, value in run.overrides:
@@ -85,7 +85,7 @@ def test_every_run_of_every_sweep_builds_a_valid_locked_config():
         config.rollout.not_a_field = 1          # locked
       validate(config)
       workdirs.add(run.workdir("runs/sweeps"))
-  assert len(workdirs) == sum(3 * len(sweeps.get(n).entries) for n in names)
+  assert len(workdirs) == sum(len(sweeps.get(n).seeds) * len(sweeps.get(n).entries) for n in names)
 
 
 def test_patr_ablation_varies_one_factor_at_a_time():
@@ -179,7 +179,8 @@ def simulated_patr_trajectories(rc):
   return sum(rc.max_turns - t for t in starts) / rc.max_turns
 
 
-@pytest.mark.parametrize("name", ["budget_curve", "toolcall_budget_curve", "frozenlake_methods"])
+@pytest.mark.parametrize("name", ["budget_curve", "toolcall_budget_curve", "frozenlake_methods",
+                                  "frozenlake_reproduction", "frozenlake_ablations"])
 def test_shipped_equal_budget_sweeps_plan_equal_costs(name):
   sweep = sweeps.get(name)   # get refuses an unequal one
   costs = check_equal_budget(sweep)
@@ -203,6 +204,39 @@ def test_frozenlake_methods_compare_at_the_chain_group_budget():
     assert configs[algo].rollout.group_size == g and configs[algo].rollout.method == "chain"
   a = configs["arpo"].rollout   # B0 = 4 chains, a cap of 8: 4 forks redoing turns 2..10
   assert (a.method, a.initial_branches, a.max_branches) == ("arpo", 4, 8)
+
+
+def test_frozenlake_reproduction_runs_the_issue_arms_on_the_testbed():
+  repro, abl = sweeps.get("frozenlake_reproduction"), sweeps.get("frozenlake_ablations")
+  assert repro.seeds == (0, 1, 2, 3, 4) and abl.seeds == (0, 1, 2)
+  c = {r.entry: cfg for r, cfg in zip(repro.runs([0]), check_all(repro.runs([0])))}
+  c.update({r.entry: cfg for r, cfg in zip(abl.runs([0]), check_all(abl.runs([0])))})
+  assert all(cfg.env.local_view and cfg.warmstart.hard_fraction == 0.5 for cfg in c.values())
+  assert c["grpo"].rollout.group_size == 8 and c["grpo"].rollout.method == "chain"
+  for name, trajectories in (("tree_grpo", 8), ("tree_grpo_quarter", 2), ("tree_grpo_intra", 8),
+                             ("tree_grpo_inter", 8)):
+    t = c[name].rollout
+    assert t.num_trees * (1 + t.expand_iterations * t.expand_nodes / 2) == trajectories
+    assert (t.expand_nodes, t.expand_iterations) == (2, 1)
+  assert [c[n].learner.advantage for n in ("tree_grpo", "tree_grpo_intra", "tree_grpo_inter")] \
+      == ["tree_grpo", "tree_intra", "tree_inter"]
+  for name in ("tree_random", "patr", "patr_drop_pruned", "patr_best_n"):
+    assert simulated_patr_trajectories(c[name].rollout) == pytest.approx(8)
+  assert (c["patr"].rollout.keep_pruned, c["patr"].rollout.keep_best) == (True, 0)
+  assert c["patr_drop_pruned"].rollout.keep_pruned is False
+  assert c["patr_best_n"].rollout.keep_best == c["patr"].rollout.initial_branches
+  assert (c["tree_random"].rollout.method, c["patr"].rollout.method) == ("tree_random", "patr")
+
+
+def test_runs_of_one_seed_across_report_sweeps_can_share_one_warm_start():
+  # run_frozenlake_methods copies the first run's step-0 checkpoint into the others of its seed:
+  # valid only where everything the warm start reads is equal.
+  runs = sweeps.get("frozenlake_reproduction").runs([1]) + sweeps.get("frozenlake_ablations").runs([1])
+  configs = check_all(runs)
+  reads = {(cfg.seed, json.dumps({k: cfg[k].to_dict() for k in ("warmstart", "env", "model",
+                                                                "tokenizer")}, sort_keys=True))
+           for cfg in configs}
+  assert len(reads) == 1
 
 
 def test_unequal_budget_sweep_is_refused_naming_the_entries():

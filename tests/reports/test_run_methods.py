@@ -1,0 +1,53 @@
+"""The report runner's schedule: one warm start per seed across sweeps, runs already summarized
+skipped (a reproduction spread over sessions), the others resumed from the first trained run's
+step-0 checkpoint and eval row."""
+
+import json
+import os
+
+from experiments.reports import run_frozenlake_methods as runner
+from experiments.sweeps.core import Sweep
+
+FL = "configs/frozenlake.py:algo=patr"
+
+
+def _fake_train(trained):
+  """Records what each run found in its workdir when it started, then writes a finished run."""
+  def train(run, root, extra, log):
+    workdir = run.workdir(root)
+    marker = os.path.join(workdir, "checkpoints", "0", "marker")
+    metrics = os.path.join(workdir, "metrics.jsonl")
+    found = (open(marker).read() if os.path.exists(marker) else None,
+             [json.loads(line) for line in open(metrics)] if os.path.exists(metrics) else None)
+    trained.append((run.name, *found))
+    if found[0] is None:
+      os.makedirs(os.path.dirname(marker), exist_ok=True)
+      with open(marker, "w") as f:
+        f.write(run.name)
+    with open(metrics, "a") as f:
+      if found[1] is None:
+        f.write(json.dumps({"step": 0, "eval/sampled_success": 0.5, "from": run.name}) + "\n")
+      f.write(json.dumps({"step": 1, "loss": 0.1, "from": run.name}) + "\n")
+    open(os.path.join(workdir, "summary.json"), "w").write("{}")
+  return train
+
+
+def test_one_warm_start_per_seed_and_summarized_runs_skipped(tmp_path, monkeypatch):
+  main = Sweep("main", FL, {"a": {}, "b": {}}, seeds=(0,))
+  more = Sweep("more", FL, {"c": {}}, seeds=(0,))
+  runs = main.runs() + more.runs()
+  summaries = tmp_path / "summaries"
+  summaries.mkdir()
+  (summaries / "a_seed0.json").write_text("{}")   # a finished in an earlier session
+  trained = []
+  monkeypatch.setattr(runner, "_train", _fake_train(trained))
+  root = str(tmp_path / "runs")
+  runner.run_seed(runs, root, [], str(summaries))
+  # b computes the warm start (a is skipped), c starts from b's step-0 checkpoint and eval row
+  # only (not its RL steps)
+  b_row = {"step": 0, "eval/sampled_success": 0.5, "from": "b_seed0"}
+  assert trained == [("b_seed0", None, None), ("c_seed0", "b_seed0", [b_row])]
+  assert not os.path.exists(main.run("a", 0).workdir(root))
+  trained.clear()
+  runner.run_seed(runs, root, [], str(summaries))   # everything done: nothing trains
+  assert trained == []
