@@ -287,7 +287,7 @@ def main(argv):
     compiles0 = meter.compiles
     before = meter.snapshot()
     t = time.perf_counter()
-    _, cache = parts.evaluator(cache, train._eval_key(config))
+    _, cache = parts.evaluator(cache, train.eval_key(config))
     eval_s.append(time.perf_counter() - t)
     after = meter.snapshot()
     split = {k: after["wall"].get(k, 0.0) - before["wall"].get(k, 0.0) for k in after["wall"]}

@@ -86,10 +86,11 @@ class Evaluator:
     """The (engine, layout) of the evaluation rollout, to size a cache for it."""
     return [(self.engine, self.layout)]
 
-  def _episodes(self, cache, key):
+  def episodes(self, cache, key):
     """Per leaf [prompts, L]: reward, valid, greedy (chain 0), turns, tool calls, generated
-    tokens, info fields (or None); and the cache."""
-    cols = {k: [] for k in ("reward", "valid", "greedy", "turns", "calls", "generated", "info")}
+    tokens, info fields (or None), final (the env state each episode ended in); and the cache."""
+    cols = {k: [] for k in ("reward", "valid", "greedy", "turns", "calls", "generated", "info",
+                            "final")}
     bar = console.progress(self.config, -(-self.num_prompts // self.chunk), "eval", leave=False,
                            unit="chunk")
     for lo in range(0, self.num_prompts, self.chunk):
@@ -113,18 +114,20 @@ class Evaluator:
       cols["generated"].append(every(generated))
       if self.info_fields:
         cols["info"].append(every(_at_leaves(t.env_state.info, out.leaf)))
+      cols["final"].append(jax.tree.map(lambda f: every(_at_leaves(f, out.leaf)), t.env_state))
     bar.close()
-    return {k: np.concatenate(v) if v else None for k, v in cols.items()}, cache
+    final = jax.tree.map(lambda *xs: np.concatenate(xs), *cols.pop("final"))
+    return {k: np.concatenate(v) if v else None for k, v in cols.items()} | {"final": final}, cache
 
   def greedy_success(self, cache, key) -> tuple[float, object]:
     """(greedy success rate, cache) for the weights `cache` is bound to."""
-    e, cache = self._episodes(cache, key)
+    e, cache = self.episodes(cache, key)
     greedy = e["valid"] & e["greedy"]
     return float(((e["reward"] > 0) & greedy).sum() / max(greedy.sum(), 1)), cache
 
   def __call__(self, cache, key) -> tuple[dict, object]:
     """(metrics, cache) for the weights `cache` is bound to."""
-    e, cache = self._episodes(cache, key)
+    e, cache = self.episodes(cache, key)
     out = {}
     won = e["reward"] > 0
     for mode, mask in (("greedy", e["greedy"]), ("sampled", ~e["greedy"])):

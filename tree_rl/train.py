@@ -152,7 +152,7 @@ def _folded_key(seed, path):
   return key
 
 
-def _eval_key(config) -> jax.Array:
+def eval_key(config) -> jax.Array:
   """One key for every evaluation: the same episodes' randomness at every step (common random
   numbers), so eval curves move only with the weights."""
   return _step_key(config, 2**31 - 2)
@@ -328,7 +328,7 @@ def _train_and_evaluate(config, workdir: str, parts: Parts, start: tuple[int, fl
     ref_params = copy_params(train_state.params)
     step = 0
     cache = warm_up(parts, new_cache(parts, train_state.params))
-    before, cache = parts.evaluator(cache, _eval_key(config))
+    before, cache = parts.evaluator(cache, eval_key(config))
     history = {"warm_start": warm_stats, "eval_before": before}
     writer.write(0, before)
     ckpt.save(0, _checkpoint_state(train_state, ref_params), meta(0), metrics=before)
@@ -364,7 +364,7 @@ def _train_and_evaluate(config, workdir: str, parts: Parts, start: tuple[int, fl
               f"(non-finite loss or gradient); parameters unchanged", flush=True)
       eval_now = step % int(config.train.eval_every) == 0 or step == num_steps
       if eval_now:
-        last_eval, cache = parts.evaluator(cache, _eval_key(config))
+        last_eval, cache = parts.evaluator(cache, eval_key(config))
         metrics.update(last_eval)
       if step % int(config.logging.every_steps) == 0 or eval_now:
         writer.write(step, metrics)
@@ -378,7 +378,7 @@ def _train_and_evaluate(config, workdir: str, parts: Parts, start: tuple[int, fl
   writer.close()
   ckpt.close()
   if last_eval is None:
-    last_eval, cache = parts.evaluator(cache, _eval_key(config))
+    last_eval, cache = parts.evaluator(cache, eval_key(config))
   total = since()
   summary = {"step": step, "eval_before": history.get("eval_before", {}), "eval_after": last_eval,
              "warm_start": history.get("warm_start", {}), "stopped_early": step < num_steps,
@@ -402,7 +402,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict:
   parts = build_parts(config)
   try:
     step, params = restore_params(parts.train_step, workdir, step, parts.tokenizer)
-    metrics, _ = parts.evaluator(new_cache(parts, params), _eval_key(config))
+    metrics, _ = parts.evaluator(new_cache(parts, params), eval_key(config))
   finally:
     parts.tasks.close()
   return {"step": step} | metrics

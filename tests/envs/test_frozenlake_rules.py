@@ -78,3 +78,30 @@ def test_the_baselines_command_reports_each_rule_per_side(tmp_path):
   assert rows["hint"]["maps"] == 4 and rows["hint"]["success"] == 0.5
   assert rows["hint"]["success/side_2"] == 0.5 and rows["hint"]["success/side_3"] == 0.5
   assert rows["expert"]["success"] == 1.0 and rows["random"]["episodes_per_map"] == 8
+
+
+def test_outcomes_are_tallied_per_mode_side_turn_and_first_view():
+  """`experiments.frozenlake_outcomes.tally` on hand-built episodes: map 0 (side 2) has the hint
+  move into a hole and the next one safe ("O_"), map 1 (side 3) the hint move safe and the next
+  one a hole ("_O")."""
+  import types
+  from experiments.frozenlake_outcomes import tally
+  env = fl.FrozenLake("rllm_small")
+  start = _states(env, [["SF", "HG"], ["SHF", "FFF", "FFG"]])
+  # map 0 "SF/HG": the goal is Down-Right (Down listed first), Down is the hole; map 1: Down
+  # safe, Right a hole
+  # columns [prompt, leaf]: leaf 0 greedy, leaves 1-2 sampled
+  final = types.SimpleNamespace(
+      won=np.array([[0, 1, 0], [1, 0, 0]], bool), fell=np.array([[1, 0, 0], [0, 1, 0]], bool),
+      steps=np.array([[1, 2, 8], [4, 2, 3]]), turns=np.array([[1, 2, 8], [4, 2, 10]]))
+  e = {"final": final, "valid": np.array([[1, 1, 1], [1, 1, 0]], bool),
+       "greedy": np.array([[1, 0, 0], [1, 0, 0]], bool)}
+  out = tally(e, start, np.array([2, 3]), max_steps=8, max_turns=10)
+  assert out["outcomes"]["greedy"] == {"all/fell": 1, "all/won": 1, "side_2/fell": 1,
+                                       "side_3/won": 1}
+  assert out["outcomes"]["sampled"] == {"all/fell": 1, "all/out_of_moves": 1, "all/won": 1,
+                                        "side_2/out_of_moves": 1, "side_2/won": 1,
+                                        "side_3/fell": 1}   # [1, 2] is not valid: left out
+  assert out["falls_by_turn"] == {"greedy": {1: 1}, "sampled": {2: 1}}
+  assert out["greedy_first_move_falls_by_view"] == {"O_": 1}
+  assert out["maps_by_view"] == {"O_": 1, "_O": 1}

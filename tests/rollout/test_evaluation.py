@@ -69,10 +69,13 @@ def test_greedy_chain_of_the_joint_rollout_equals_a_greedy_rollout_alone():
                     np.asarray(out.budget.generated).sum() / v.sum())
 
   # the sampled episodes: k per prompt, pass@k is "any of them wins"
-  e, _ = ev._episodes(cache, jax.random.key(0))
+  e, _ = ev.episodes(cache, jax.random.key(0))
   sampled = e["valid"] & ~e["greedy"]
   assert (sampled.sum(axis=1) == 3).all() and ((e["valid"] & e["greedy"]).sum(axis=1) == 1).all()
   won = (e["reward"] > 0) & sampled
+  # each episode's final env state: won exactly where the episode was rewarded
+  np.testing.assert_array_equal(e["final"].won[e["valid"]], (e["reward"] > 0)[e["valid"]])
+  assert e["final"].pos.shape == e["reward"].shape + (2,)
   assert metrics["eval/pass_at_3"] == np.mean(won.any(axis=1))
   assert np.isclose(metrics["eval/sampled_success"], won.sum() / sampled.sum())
   for p, side in enumerate(sides):
