@@ -163,14 +163,15 @@ def test_local_view_names_what_each_move_leads_onto(builtin_tok):
   state = env.init_state(tiles, 3, 3, (1, 0))
   text = ft.initial_prompt_text(env, env.text.markup, state, env.default_params)
   # the goal is right of the player: Right first, then Down, Up, Left
-  assert "P G _\nO _ _\nRemaining steps: 8\nRight:G\nDown:O\nUp:_\nLeft:#<|im_end|>" in text
+  assert "P G _\nO _ _\nRemaining steps: 8\nG:Right\nO:Down\n_:Up\n#:Left<|im_end|>" in text
   toks, n = jax.jit(env.initial_prompt_tokens)(state)
   assert builtin_tok.decode(list(np.asarray(toks[:n]))) == text
-  # every line is 4 built-in tokens, its move word the reply's own token
+  # every line is 4 built-in tokens, its cell first and its move word (the reply's own token) last
   for a in range(4):
     for c in range(4):
       ids = builtin_tok.encode(ft.near_text(a, c))
-      assert len(ids) == 4 and ids[1] == builtin_tok.encode(fl.ACTION_NAMES[a])[0]
+      assert len(ids) == 4 and ids[3] == builtin_tok.encode(fl.ACTION_NAMES[a])[0]
+      assert builtin_tok.decode(ids[1:2]) == ft.NEAR_CHARS[c]
   # a corner of a 2x2 map: two edges
   state = env.init_state(tiles, 2, 2, (1, 1))
   assert [int(c) for c in fl.neighbour_cells(state)] == [fl.OBS_FROZEN, fl.OBS_PAD, fl.OBS_PAD,

@@ -39,8 +39,8 @@ class FrozenLake(TokenEnv):
   `FrozenLake(preset="rllm" | "ragen", tokenizer=None, **overrides)`; overrides may name any
   FrozenLakeParams field or max_size / max_actions / action_format / max_reply_tokens / goal_hint /
   local_view (goal_hint: every observation also says where the goal lies relative to the player,
-  e.g. "Goal: 2 Down, 1 Right."; local_view: what each move leads onto, e.g. "Left _, Down O,
-  Right #, Up G." -- aids for policies too small to read the grid; off in the presets).
+  e.g. "Goal: 2 Down, 1 Right."; local_view: what each move leads onto, one line per move, e.g.
+  "O:Down" -- aids for policies too small to read the grid; off in the presets).
   Token methods (`initial_prompt_tokens`, `observation_tokens`, `parse_action`) need a tokenizer.
   """
 

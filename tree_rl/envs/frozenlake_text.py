@@ -8,10 +8,11 @@ Observation text (the user message):
     "Remaining steps: N"
     with local_view, four last lines: what each move leads onto, the moves towards the goal
       first (vertical, then horizontal: the hint's order), then the others (Down, Right, Up,
-      Left), e.g. "Down:O", "Right:_", "Up:G", "Left:#" (# = the map's edge). Each line is 4
-      tokens of the built-in tokenizer (its move word is the very token a reply uses) and the
-      lines end the message, so each sits at a fixed distance from the reply: a policy too small
-      to find its neighbours in the grid text reads them here
+      Left), e.g. "O:Down", "_:Right", "G:Up", "#:Left" (# = the map's edge). Each line is 4
+      tokens of the built-in tokenizer, the cell before the move word (so, under causal
+      attention, the move word's token sees its cell; the word is the very token a reply uses),
+      and the lines end the message, so each sits at a fixed distance from the reply: a policy
+      too small to find its neighbours in the grid text reads them here
 
 Action rules (on the reply's UTF-8 bytes, the first `env.reply_byte_capacity(T)` of a T-token reply:
 `max_reply_bytes` if set, else 8 bytes per token):
@@ -66,8 +67,8 @@ def hint_text(down: int, right: int) -> str:
 
 
 def near_text(move: int, code: int) -> str:
-  """The local view's line for one move, e.g. "\nDown:O"."""
-  return f"\n{fl.ACTION_NAMES[move]}:{NEAR_CHARS[code]}"
+  """The local view's line for one move, e.g. "\nO:Down" (Down leads into a hole)."""
+  return f"\n{NEAR_CHARS[code]}:{fl.ACTION_NAMES[move]}"
 
 
 def steps_text(n: int) -> str:
