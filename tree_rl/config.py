@@ -57,7 +57,7 @@ def base_config() -> ml_collections.ConfigDict:
       name="frozenlake",        # a name in tree_rl.envs' registry
       preset="rllm",            # env preset (frozenlake: rllm | rllm_small | ragen; toolcall: default)
       goal_hint=False,          # frozenlake: observations also say where the goal is ("Goal: 2 Down, 1 Right.")
-      local_view=False,         # frozenlake: observations also say what each move leads onto ("Left _, Down O, Right #, Up G.")
+      local_view=False,         # frozenlake: observations end with what each move leads onto ("O:Down" ...)
       split="train",            # toolcall: question split episodes draw from (train | test)
       data_dir="",              # TFDS dir of prepared map sets / KB (tree_rl.data); "" = generate from data_seed
       data_seed=42,             # seed of the fixed FrozenLake map sets (rLLM: 42) and of the toolcall KB
@@ -206,8 +206,8 @@ def base_config() -> ml_collections.ConfigDict:
       num_demos=512,            # demonstration episodes generated on device
       epsilon=0.1,              # expert noise: per-move chance of a random move / distractor reply
       loss_on_noise=False,      # also train on the noisy replies (else only their context is kept)
-      hard_fraction=0.0,        # share of demos starting where the expert's move is not the obvious one
-                                # (FrozenLake: not the hint's direction), drawn from 8x as many episodes; 0 = as generated
+      hard_fraction=0.0,        # share of demos starting where the right move needs the state read
+                                # (FrozenLake: next to a hole), drawn from 8x as many episodes; 0 = as generated
       max_len=256,              # tokens per demo sequence (prompt, replies, observations); longer are cut
       steps=100,                # SFT updates
       batch_size=16,            # demo sequences per update

@@ -181,35 +181,50 @@ def test_registry(rllm_env):
     envs.register("frozenlake_up", envs.FrozenLake, expert=lambda env, eps: None)
 
 
-def test_hard_demos_start_where_the_expert_leaves_the_hint(tok):
-  """`Expert.hard` is true exactly where the noiseless first move is not the hint's direction;
-  hard_fraction draws that share of the demos from a larger pool, the rest from easy ones."""
+def _next_to_a_hole(prompt: str) -> bool:
+  """From the first observation's grid text: is a hole next to the player (P)?"""
+  rows = [line.split() for line in prompt.split("\n") if line and set(line.split()) <= set("P_OG")]
+  r = next(i for i, row in enumerate(rows) if "P" in row)
+  c = rows[r].index("P")
+  cells = [rows[r + dr][c + dc] for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1))
+           if 0 <= r + dr < len(rows) and 0 <= c + dc < len(rows[r])]
+  return "O" in cells
+
+
+def test_hard_demos_start_next_to_a_hole(tok):
+  """`Expert.hard` (FrozenLake) is true exactly where a hole is next to the start, whether the
+  hint points into it or not; hard_fraction draws that share of the demos from a larger pool,
+  the rest from easy ones."""
   from tree_rl.envs.frozenlake_rules import hint_move
   from tree_rl.warmstart.sft import HARD_POOL, draw_demos
   env = envs.make("frozenlake", preset="rllm_small", tokenizer=tok, goal_hint=True)
   expert = warmstart.make_expert("frozenlake", env, 0.0)
-  # "SF/HG": the hint says Down, into the hole, so the expert goes Right first
   tiles = np.full((5, 5), fl.PAD, np.int32)
+  # "SF/HG": the hint says Down, into the hole (the expert goes Right first)
   tiles[:2, :2] = [[fl.FROZEN, fl.FROZEN], [fl.HOLE, fl.GOAL]]
   state = env.init_state(tiles, 2, 2, (0, 0))
   assert int(hint_move(state)) == fl.DOWN and bool(expert.hard(state))
-  tiles[1, 0] = fl.FROZEN
+  # "SH/FG": the hint's Down is safe, the hole lies Right: hard too
+  tiles[:2, :2] = [[fl.FROZEN, fl.HOLE], [fl.FROZEN, fl.GOAL]]
+  assert bool(expert.hard(env.init_state(tiles, 2, 2, (0, 0))))
+  # no hole next to the start
+  tiles[:2, :2] = [[fl.FROZEN, fl.FROZEN], [fl.FROZEN, fl.GOAL]]
   assert not bool(expert.hard(env.init_state(tiles, 2, 2, (0, 0))))
+  tiles[:3, :3] = [[fl.FROZEN, fl.FROZEN, fl.FROZEN], [fl.FROZEN, fl.FROZEN, fl.FROZEN],
+                   [fl.FROZEN, fl.FROZEN, fl.HOLE]]
+  tiles[0, 2] = fl.GOAL
+  assert not bool(expert.hard(env.init_state(tiles, 3, 3, (0, 0))))   # a hole, but not adjacent
 
   gen = warmstart.DemoGenerator(env, tok, expert, max_len=256)
   natural = _np(gen(jax.random.key(3), 64))
-  mixed = _np(draw_demos(gen, expert, jax.random.key(3), 64, 0.5))
+  mixed = _np(draw_demos(gen, expert, jax.random.key(3), 64, 0.875))
   pool = _np(gen(jax.random.key(3), HARD_POOL * 64))
-  assert 0 < natural.hard.mean() < 0.5 and mixed.hard.sum() == 32
-  # the hard ones are the pool's first 32 hard episodes, in order
-  first_hard = np.flatnonzero(pool.hard)[:32]
-  np.testing.assert_array_equal(mixed.tokens[:32], pool.tokens[first_hard])
-  # and each of them opens with a move other than the hint's
-  names = [n.encode() for n in fl.ACTION_NAMES]
-  for i in range(32):
+  assert 0.2 < natural.hard.mean() < 0.8 and mixed.hard.sum() == 56
+  # the hard ones are the pool's first 56 hard episodes, in order, then the first 8 easy ones
+  np.testing.assert_array_equal(mixed.tokens[:56], pool.tokens[np.flatnonzero(pool.hard)[:56]])
+  np.testing.assert_array_equal(mixed.tokens[56:], pool.tokens[np.flatnonzero(~pool.hard)[:8]])
+  # read back from each demo's own first grid: a hole next to the player exactly in the hard ones
+  for i in range(64):
     text = tok.decode(list(mixed.tokens[i, :mixed.length[i]]))
-    first_move = text.split(GEN_PROMPT)[1].split("<|im_end|>")[0]
-    hint = text.split("Goal: ")[1].split(".")[0]
-    first_hint_word = [w for w in hint.replace(",", "").split() if w.encode() in names][0]
-    assert first_move != first_hint_word
+    assert _next_to_a_hole(text.split(GEN_PROMPT)[0]) == (i < 56), text
 

@@ -35,7 +35,7 @@ def main(argv=None):
   ap.add_argument("--epsilon", type=float, default=0.1)
   ap.add_argument("--loss_on_noise", action="store_true", help="also train on the noisy moves")
   ap.add_argument("--hard_fraction", type=float, default=0.0,
-                  help="share of demos where the expert leaves the obvious move")
+                  help="share of demos starting where the move needs the state read (Expert.hard)")
   ap.add_argument("--learning_rate", type=float, default=3e-3)
   ap.add_argument("--warmup_steps", type=int, default=20)
   ap.add_argument("--eval_every", type=int, default=25)

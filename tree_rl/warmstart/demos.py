@@ -36,7 +36,7 @@ class Demos:
   reward: jax.Array        # float32[N] episode return
   success: jax.Array       # bool[N]
   truncated: jax.Array     # bool[N] the episode did not fit in L tokens
-  hard: jax.Array          # bool[N] it starts where the expert's move is not the obvious one
+  hard: jax.Array          # bool[N] it starts where the right move needs the state read
                            # (`Expert.hard`; False for an expert without it)
 
 

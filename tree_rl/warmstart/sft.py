@@ -119,8 +119,8 @@ HARD_POOL = 8   # episodes generated per demonstration kept when hard ones are o
 
 def draw_demos(gen, expert, key, n: int, hard_fraction: float) -> Demos:
   """`n` demonstrations; with `hard_fraction` > 0, that share of them (as far as a pool of
-  HARD_POOL * n episodes holds) start where the expert's first move is not the obvious one
-  (`Expert.hard`), the rest where it is, each in pool order."""
+  HARD_POOL * n episodes holds) start where the right move needs the state read
+  (`Expert.hard`), the rest elsewhere, each in pool order."""
   if hard_fraction <= 0:
     return gen(key, n)
   if not hasattr(expert, "hard"):
@@ -146,8 +146,8 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   Returns the trained Params (an nnx.State; `nnx.update(model, params)` loads them) and stats:
   loss (per step), steps, returned_step (whose params come back), evals ([(step, success)]),
   stopped_early, demo_success / demo_return / demo_tokens / demo_truncated / demo_hard (the share
-  of demos starting where the expert's move is not the obvious one: `warmstart.hard_fraction`
-  oversamples them), seconds (demo
+  of demos starting where the right move needs the state read, `Expert.hard`:
+  `warmstart.hard_fraction` oversamples them), seconds (demo
   generation, training). The model itself is not changed. With `warmstart.enabled=False` the
   model's Params come back untouched.
   """
