@@ -30,8 +30,10 @@ REPRODUCTION_SEEDS = (0, 1, 2, 3, 4)
 ABLATION_SEEDS = (0, 1, 2)
 
 
-def _group_size() -> int:
-  return int(base_values(f"{PATH}:algo=grpo", ["rollout.group_size"])["rollout.group_size"])
+def _shapes() -> tuple[int, dict]:
+  """Chain GRPO's group k and each method's rollout shape planning k trajectories per prompt."""
+  k = int(base_values(f"{PATH}:algo=grpo", ["rollout.group_size"])["rollout.group_size"])
+  return k, method_shapes(PATH, k)
 
 
 def _entry(algo: str, shape: dict, arg: str = "") -> dict:
@@ -39,8 +41,7 @@ def _entry(algo: str, shape: dict, arg: str = "") -> dict:
 
 
 def frozenlake_methods() -> Sweep:
-  k = _group_size()
-  shapes = method_shapes(PATH, k)
+  k, shapes = _shapes()
   return Sweep("frozenlake_methods", f"{PATH}:algo=patr",
                {algo: _entry(algo, shapes[algo]) for algo in METHODS},
                equal_budget=(METHODS,),
@@ -53,8 +54,7 @@ def frozenlake_reproduction() -> Sweep:
   # The testbed changes the view, the warm start and the schedule, not the rollout: the shapes
   # of the default config are the testbed's (and `sweeps.get` checks the budgets on the
   # testbed configs themselves).
-  k = _group_size()
-  shapes = method_shapes(PATH, k)
+  k, shapes = _shapes()
   entries = {algo: _entry(algo, shapes[algo], ",testbed") for algo in REPRODUCTION}
   entries["tree_grpo_quarter"] = _entry("tree_grpo", method_shapes(PATH, k // 4)["tree_grpo"],
                                         ",testbed")
@@ -66,8 +66,7 @@ def frozenlake_reproduction() -> Sweep:
 
 
 def frozenlake_ablations() -> Sweep:
-  k = _group_size()
-  shapes = method_shapes(PATH, k)
+  k, shapes = _shapes()
   tree = _entry("tree_grpo", shapes["tree_grpo"], ",testbed")
   patr = _entry("patr", shapes["patr"], ",testbed")
   b0 = int(shapes["patr"]["rollout.initial_branches"])
