@@ -211,7 +211,9 @@ def test_frozenlake_reproduction_runs_the_issue_arms_on_the_testbed():
   assert repro.seeds == (0, 1, 2, 3, 4) and abl.seeds == (0, 1, 2)
   c = {r.entry: cfg for r, cfg in zip(repro.runs([0]), check_all(repro.runs([0])))}
   c.update({r.entry: cfg for r, cfg in zip(abl.runs([0]), check_all(abl.runs([0])))})
-  assert all(cfg.env.local_view and cfg.warmstart.hard_fraction == 0.5 for cfg in c.values())
+  testbed = frozenlake.get_config("algo=grpo,testbed")
+  assert testbed.env.local_view
+  assert all(cfg.env == testbed.env and cfg.warmstart == testbed.warmstart for cfg in c.values())
   assert c["grpo"].rollout.group_size == 8 and c["grpo"].rollout.method == "chain"
   for name, trajectories in (("tree_grpo", 8), ("tree_grpo_quarter", 2), ("tree_grpo_intra", 8),
                              ("tree_grpo_inter", 8)):
