@@ -67,7 +67,7 @@ def main(argv):
   try:
     step, params = restore_params(parts.train_step, _WORKDIR.value, _STEP.value, parts.tokenizer)
     ev = parts.evaluator
-    e, _ = ev.episodes(new_cache(parts, params), eval_key(config))
+    e, _ = ev.episodes(new_cache(parts, params), eval_key(config), final=True)
   finally:
     parts.tasks.close()
   side = np.maximum(np.asarray(ev.states.nrow), np.asarray(ev.states.ncol))

@@ -86,9 +86,10 @@ class Evaluator:
     """The (engine, layout) of the evaluation rollout, to size a cache for it."""
     return [(self.engine, self.layout)]
 
-  def episodes(self, cache, key):
+  def episodes(self, cache, key, final: bool = False):
     """Per leaf [prompts, L]: reward, valid, greedy (chain 0), turns, tool calls, generated
-    tokens, info fields (or None), final (the env state each episode ended in); and the cache."""
+    tokens, info fields (or None), with `final` also the env state each episode ended in (for
+    analyses; the metrics do not gather it); and the cache."""
     cols = {k: [] for k in ("reward", "valid", "greedy", "turns", "calls", "generated", "info",
                             "final")}
     bar = console.progress(self.config, -(-self.num_prompts // self.chunk), "eval", leave=False,
@@ -114,10 +115,12 @@ class Evaluator:
       cols["generated"].append(every(generated))
       if self.info_fields:
         cols["info"].append(every(_at_leaves(t.env_state.info, out.leaf)))
-      cols["final"].append(jax.tree.map(lambda f: every(_at_leaves(f, out.leaf)), t.env_state))
+      if final:
+        cols["final"].append(jax.tree.map(lambda f: every(_at_leaves(f, out.leaf)), t.env_state))
     bar.close()
-    final = jax.tree.map(lambda *xs: np.concatenate(xs), *cols.pop("final"))
-    return {k: np.concatenate(v) if v else None for k, v in cols.items()} | {"final": final}, cache
+    states = cols.pop("final")
+    states = jax.tree.map(lambda *xs: np.concatenate(xs), *states) if states else None
+    return {k: np.concatenate(v) if v else None for k, v in cols.items()} | {"final": states}, cache
 
   def greedy_success(self, cache, key) -> tuple[float, object]:
     """(greedy success rate, cache) for the weights `cache` is bound to."""

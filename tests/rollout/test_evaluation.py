@@ -69,7 +69,7 @@ def test_greedy_chain_of_the_joint_rollout_equals_a_greedy_rollout_alone():
                     np.asarray(out.budget.generated).sum() / v.sum())
 
   # the sampled episodes: k per prompt, pass@k is "any of them wins"
-  e, _ = ev.episodes(cache, jax.random.key(0))
+  e, _ = ev.episodes(cache, jax.random.key(0), final=True)
   sampled = e["valid"] & ~e["greedy"]
   assert (sampled.sum(axis=1) == 3).all() and ((e["valid"] & e["greedy"]).sum(axis=1) == 1).all()
   won = (e["reward"] > 0) & sampled
