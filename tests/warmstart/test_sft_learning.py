@@ -1,8 +1,10 @@
 """SFT on a small demo set: the loss falls and the greedy first move matches the expert on most
-of the trained demos (a valid move closed by the end-of-turn token on all of them)."""
+of the trained demos (a valid move closed by the end-of-turn token on all of them); the
+teacher-forced turn accuracy agrees with a per-position loop."""
 
 import jax
 import numpy as np
+from flax import nnx
 
 from tree_rl import warmstart
 from tree_rl.envs import frozenlake as fl
@@ -34,3 +36,19 @@ def test_sft_learns_first_moves(tok, small_env):
   acts = jax.vmap(small_env.parse_action)(reply, length)
   assert np.all(np.asarray(acts[:, 0]) != fl.INVALID)
   assert all(int(reply[i, length[i] - 1]) == tok.end_of_turn_id for i in range(n))
+  # teacher-forced turns: each turn's first reply token, against a per-position loop
+  params = trainer.params_state()
+  hit, seen = warmstart.turn_hits(model, params, demos, gen.max_turns, batch=3)
+  graphdef, _, rest = nnx.split(model, nnx.Param, ...)
+  logits = np.asarray(nnx.merge(graphdef, params, rest)(demos.tokens))
+  tokens, reply = np.asarray(demos.tokens), np.asarray(demos.reply_mask)
+  want_hit, want_seen = np.zeros_like(hit), np.zeros_like(seen)
+  for i in range(n):
+    starts = [p for p in range(1, tokens.shape[1]) if reply[i, p] and not reply[i, p - 1]]
+    assert 1 <= len(starts) <= gen.max_turns
+    for t, p in enumerate(starts):
+      want_seen[i, t] = True
+      want_hit[i, t] = logits[i, p - 1].argmax() == tokens[i, p]
+  np.testing.assert_array_equal(seen, want_seen)
+  np.testing.assert_array_equal(hit, want_hit)
+  assert 0 < hit.sum() < seen.sum()      # some turns right, some wrong: the comparison is not vacuous

@@ -9,4 +9,4 @@ so a notebook can add one for a new environment.
 from tree_rl.warmstart.experts import Expert, make_expert, registered_experts
 from tree_rl.warmstart.demos import DemoGenerator, Demos, ReplyTable
 from tree_rl.warmstart.sft import SFTTrainer, draw_demos, make_optimizer, sft_loss, validate, warm_start
-from tree_rl.warmstart.greedy import first_move_accuracy, greedy_replies
+from tree_rl.warmstart.greedy import first_move_accuracy, first_move_hits, greedy_replies, turn_hits

@@ -1,4 +1,5 @@
-"""Greedy first replies of a policy to demo prompts, and how often they match the expert.
+"""Greedy first replies of a policy to demo prompts, and how often they match the expert; the
+teacher-forced first token of every turn.
 
 A small dense decode (the whole buffer recomputed per token), meant for tests and quick checks
 of the warm start on short replies, not for rollouts.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from tree_rl.warmstart.demos import DemoGenerator, Demos
@@ -43,6 +45,14 @@ def first_move_accuracy(model: nnx.Module, params: nnx.State, demos: Demos, gen:
                         num_tokens: int | None = None) -> tuple[float, jax.Array, jax.Array]:
   """Fraction of demo first turns where the parsed greedy reply equals the parsed intended
   (noiseless) expert reply; also returns the replies and their lengths."""
+  ok, reply, length = first_move_hits(model, params, demos, gen, num_tokens)
+  return float(jnp.mean(ok)), reply, length
+
+
+def first_move_hits(model: nnx.Module, params: nnx.State, demos: Demos, gen: DemoGenerator,
+                    num_tokens: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """bool[N]: whether each demo's parsed greedy first reply equals the parsed intended
+  (noiseless) expert reply; also the replies and their lengths."""
   graphdef, _, rest = nnx.split(model, nnx.Param, ...)
   env, table = gen.env, gen.table
   num_tokens = num_tokens or table.max_length
@@ -60,5 +70,25 @@ def first_move_accuracy(model: nnx.Module, params: nnx.State, demos: Demos, gen:
     same = jax.tree.map(lambda a, b: jnp.all((a == b).reshape(a.shape[0], -1), -1), got, want)
     return jnp.all(jnp.stack(jax.tree.leaves(same)), 0), reply, length
 
-  ok, reply, length = run(params, demos.tokens, demos.prompt_len, demos.intended[:, 0])
-  return float(jnp.mean(ok)), reply, length
+  return run(params, demos.tokens, demos.prompt_len, demos.intended[:, 0])
+
+
+def turn_hits(model: nnx.Module, params: nnx.State, demos: Demos, max_turns: int,
+              batch: int = 64) -> tuple[np.ndarray, np.ndarray]:
+  """Teacher-forced: (bool[N, max_turns] whether the argmax at each turn's first reply token is
+  the demo's token, bool[N, max_turns] whether that turn is in the sequence). Measures every
+  turn at its own context length, cheaply (one forward pass per `batch` demos)."""
+  graphdef, _, rest = nnx.split(model, nnx.Param, ...)
+
+  @jax.jit
+  def run(params, tokens, reply):
+    logits = nnx.merge(graphdef, params, rest)(tokens)
+    guess = jnp.argmax(logits[:, :-1], -1) == tokens[:, 1:]
+    first = reply[:, 1:] & ~reply[:, :-1]                       # a reply's first token
+    turn = jnp.cumsum(first, -1) - 1
+    onehot = first[..., None] & (turn[..., None] == jnp.arange(max_turns))
+    return jnp.any(onehot & guess[..., None], 1), jnp.any(onehot, 1)
+
+  out = [run(params, demos.tokens[i:i + batch], demos.reply_mask[i:i + batch])
+         for i in range(0, demos.tokens.shape[0], batch)]
+  return tuple(np.concatenate([np.asarray(o[j]) for o in out]) for j in (0, 1))
