@@ -140,8 +140,9 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   on the host), then train
   for `warmstart.steps` SFT updates (fewer if `evaluate(params) >= warmstart.target_success` at
   one of the checks every `warmstart.eval_every` steps). When checks ran and none met the target,
-  the params of the best check come back (the earliest among ties), not the last step's: SFT on
-  a noisy expert can drift after it peaks.
+  the params of the best check come back (the latest among ties: a check on a few maps ties
+  often, and later params trained longer), not the last step's: SFT on a noisy expert can drift
+  after it peaks.
 
   Returns the trained Params (an nnx.State; `nnx.update(model, params)` loads them) and stats:
   loss (per step), steps, returned_step (whose params come back), evals ([(step, success)]),
@@ -181,7 +182,7 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
       params = trainer.params_state()
       success = float(evaluate(params))
       evals.append((step, success))
-      if best is None or success > best[0]:
+      if best is None or success >= best[0]:
         best = (success, step, params)
       if success >= float(w.target_success):
         stopped = True
