@@ -74,7 +74,7 @@ def test_every_config_builds_and_validates(path, algo, variant):
 def test_the_frozenlake_testbed_builds_and_validates(algo):
   """The testbed's longer trajectories (local view lines) still fit the learner rows."""
   config = sweep_build.check(Run("configs", "x", 0, f"configs/frozenlake.py:algo={algo},testbed", ()))
-  assert config.env.local_view and config.env.goal_hint and config.train.num_steps == 100
+  assert config.env.local_view and config.env.goal_hint and config.train.num_steps >= 100   # the issue: at least 100 RL steps
 
 
 def test_parse_arg_booleans_parse_as_command_line_flags_do():
