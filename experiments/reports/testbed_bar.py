@@ -1,8 +1,8 @@
 """Does a FrozenLake testbed run meet the learning bar? Read from its committed summary.
 
     python -m experiments.rule_baselines --config=configs/frozenlake.py:algo=chain,testbed > rules.jsonl
-    python -m experiments.reports.testbed_bar --summaries experiments/reports/testbed_runs \
-        --rules experiments/reports/testbed_runs/rules.jsonl
+    python -m experiments.reports.testbed_bar --summaries experiments/reports/frozenlake_runs --method grpo \
+        --rules experiments/reports/frozenlake_runs/rules.jsonl
 
 The bar (issue #20), per run, on the held-out maps:
 - the warm start (the step-0 evaluation) reads the state: its greedy success beats the hint rule
