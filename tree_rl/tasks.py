@@ -8,7 +8,9 @@ runs and machines. The task set of an environment is registered with it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import os
 from typing import Any
 
@@ -65,8 +67,27 @@ def build(config, tokenizer) -> TaskSet:
   tfds.disable_progress_bar()
   from tree_rl import hosts
   make = envs.entry(config.env.name).part("tasks")
+  directory = data_dir(config)
+
+  def prepare_and_load():
+    with preparing(directory):
+      return make(config, tokenizer, directory)
   # process 0 prepares the TFDS task set; the others then read it
-  return hosts.main_first(lambda: make(config, tokenizer, data_dir(config)))
+  return hosts.main_first(prepare_and_load)
+
+
+@contextlib.contextmanager
+def preparing(directory: str):
+  """Hold the data directory's preparation lock (DIRECTORY/.tree_rl_prepare.lock, exclusive):
+  independent jobs sharing one data directory (a sweep's runs side by side) never write one
+  TFDS dataset at once; the second waits, then reads what the first prepared."""
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, ".tree_rl_prepare.lock"), "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def frozenlake_tasks(config, tokenizer, directory) -> TaskSet:

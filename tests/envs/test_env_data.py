@@ -44,3 +44,30 @@ def test_toolcall_qa_build_and_read(tmp_path, builtin_tok):
   assert kb.facts == ref.facts and kb.test == ref.test and kb.train == ref.train
   env = tc.ToolCallEnv(builtin_tok, split="test", kb=kb)
   assert env.num_questions == 10
+
+
+def test_a_job_waits_while_another_prepares_the_data_dir(tmp_path):
+  """Two jobs sharing a data directory never prepare one TFDS set at once: while another job
+  holds the directory's preparation lock, tasks.build waits and writes nothing; once it is
+  released, the build prepares the maps and loads them."""
+  import fcntl
+  import threading
+
+  from configs import frozenlake
+  from tree_rl import tasks
+  from tree_rl.models import build_tokenizer
+
+  config = frozenlake.get_config("algo=chain,smoke")
+  config.env.data_dir = str(tmp_path)
+  built = {}
+  with open(tmp_path / ".tree_rl_prepare.lock", "a") as other_job:
+    fcntl.flock(other_job, fcntl.LOCK_EX)
+    worker = threading.Thread(
+        target=lambda: built.update(t=tasks.build(config, build_tokenizer(config))))
+    worker.start()
+    worker.join(timeout=3.0)
+    assert worker.is_alive() and not (tmp_path / "frozen_lake_maps").exists()
+    fcntl.flock(other_job, fcntl.LOCK_UN)
+  worker.join(timeout=300)
+  assert not worker.is_alive()
+  assert built["t"].test_states.tiles.shape[0] == int(config.train.num_test_tasks or 100)
