@@ -457,7 +457,8 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
     else:
       train_eval = Evaluator(config, parts.tasks.train_env, states, parts.tokenizer,
                              shards=_shards(parts.rollout_mesh))
-    checks = iter(range(int(config.warmstart.eval_every), 1 << 30, int(config.warmstart.eval_every)))
+    every = int(config.warmstart.eval_every)
+    checks = iter(range(every, 1 << 30, every))
 
     def evaluate(params):
       # placed like the learner's weights, so the check runs the evaluation's own programs
@@ -466,12 +467,25 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
       console.write(f"warm start: step {next(checks)}, greedy success {success:.2f} on {n} train "
                     f"maps (target {float(config.warmstart.target_success):.2f})")
       return success
+
+  def fresh_model(attempt):
+    nonlocal checks
+    checks = iter(range(every, 1 << 30, every))
+    console.write(f"warm start: no check met the target; attempt {attempt + 1} of "
+                  f"{int(config.warmstart.attempts)} from a fresh init")
+    return build_model(config, parts.tokenizer, seed=_attempt_seed(config, attempt))[0]
   params, stats = warm_start(config, parts.model, parts.tokenizer, parts.tasks.train_env, key,
-                             evaluate=evaluate)
+                             evaluate=evaluate, fresh_model=fresh_model)
   stats = {k: v for k, v in stats.items() if k != "loss"} | {
       "first_loss": stats["loss"][0] if stats["loss"] else None,
       "last_loss": stats["loss"][-1] if stats["loss"] else None}
   return nnx.to_pure_dict(params), stats
+
+
+def _attempt_seed(config, attempt: int) -> int:
+  """The init seed of warm-start attempt `attempt` >= 1, drawn from (config.seed, attempt)."""
+  key = jax.random.fold_in(jax.random.key(int(config.seed)), attempt)
+  return int(jax.random.randint(key, (), 0, 2**31 - 1))
 
 
 def _plot(workdir: str):

@@ -97,3 +97,69 @@ def test_warm_start_keeps_the_best_check_when_the_target_is_missed(tok, small_en
   assert all(jax.tree.leaves(same))
   for other in (seen[0], seen[3]):
     assert not np.array_equal(np.asarray(other["embed"][...]), np.asarray(params["embed"][...]))
+
+
+def test_an_attempt_that_misses_the_target_is_redone_from_a_fresh_init(tok, small_env):
+  """attempts=3: the first attempt misses the target and the second, from fresh_model(1), meets
+  it: the second's check params come back, no third attempt starts, and the first attempt is
+  the single-attempt warm start exactly (same checks' params)."""
+  c = _config(num_demos=8, max_len=136, steps=4, batch_size=4, eval_every=2, target_success=0.9,
+              attempts=3)
+  c.unlock()
+  c.env.name = "frozenlake"
+  scores = iter([0.5, 0.6, 0.3, 0.95])
+  seen, built = [], []
+
+  def evaluate(params):
+    seen.append(jax.tree.map(np.array, params))
+    return next(scores)
+
+  def fresh_model(attempt):
+    built.append(attempt)
+    return _model(tok, seed=10 + attempt)
+
+  params, stats = warmstart.warm_start(c, _model(tok), tok, small_env, jax.random.key(0),
+                                       evaluate=evaluate, fresh_model=fresh_model)
+  assert built == [1] and stats["attempt"] == 1 and stats["stopped_early"]
+  assert stats["attempt_evals"] == [[(2, 0.5), (4, 0.6)], [(2, 0.3), (4, 0.95)]]
+  assert stats["evals"] == [(2, 0.3), (4, 0.95)] and stats["returned_step"] == 4
+  assert all(jax.tree.leaves(jax.tree.map(lambda a, b: np.array_equal(a, np.asarray(b)),
+                                          seen[3], params)))
+  # the second attempt started from the fresh init: its first check is not the first attempt's
+  assert not np.array_equal(np.asarray(seen[0]["embed"][...]), np.asarray(seen[2]["embed"][...]))
+
+  c.warmstart.attempts = 1
+  single = []
+  _, one = warmstart.warm_start(c, _model(tok), tok, small_env, jax.random.key(0),
+                                evaluate=lambda p: single.append(jax.tree.map(np.array, p)) or 0.5)
+  assert one["attempt"] == 0 and one["attempt_evals"] == [[(2, 0.5), (4, 0.5)]]
+  for a, b in zip(single, seen[:2]):
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))
+
+
+def test_when_no_attempt_meets_the_target_the_best_check_of_all_comes_back(tok, small_env):
+  c = _config(num_demos=8, max_len=136, steps=4, batch_size=4, eval_every=2, target_success=0.9,
+              attempts=2)
+  c.unlock()
+  c.env.name = "frozenlake"
+  scores = iter([0.7, 0.5, 0.6, 0.4])
+  seen = []
+
+  def evaluate(params):
+    seen.append(jax.tree.map(np.array, params))
+    return next(scores)
+
+  params, stats = warmstart.warm_start(c, _model(tok), tok, small_env, jax.random.key(0),
+                                       evaluate=evaluate)   # no fresh_model: same init, new order
+  assert stats["attempt"] == 0 and not stats["stopped_early"] and stats["returned_step"] == 2
+  assert all(jax.tree.leaves(jax.tree.map(lambda a, b: np.array_equal(a, np.asarray(b)),
+                                          seen[0], params)))
+  assert not np.array_equal(np.asarray(seen[0]["embed"][...]), np.asarray(seen[2]["embed"][...]))
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (dict(attempts=0), "warmstart.attempts must be >= 1"),
+    (dict(attempts=2, target_success=1.0), "warmstart.attempts=2 needs checks with a target")])
+def test_bad_attempts_are_refused(tok, small_env, overrides, match):
+  with pytest.raises(ValueError, match=match):
+    warmstart.warm_start(_config(**overrides), _model(tok), tok, small_env, jax.random.key(0))

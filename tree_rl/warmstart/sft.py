@@ -41,6 +41,11 @@ def validate(w) -> None:
     raise ValueError(f"warmstart.hard_fraction must be in [0, 1], got {w.hard_fraction}")
   if w.attention not in ATTENTION:
     raise ValueError(f"warmstart.attention={w.attention!r}; known: {ATTENTION}")
+  if int(w.attempts) < 1:
+    raise ValueError(f"warmstart.attempts must be >= 1, got {w.attempts}")
+  if int(w.attempts) > 1 and float(w.target_success) >= 1.0:
+    raise ValueError(f"warmstart.attempts={w.attempts} needs checks with a target: set "
+                     f"warmstart.target_success below 1 (got {w.target_success})")
 
 
 def make_optimizer(w) -> optax.GradientTransformation:
@@ -134,23 +139,29 @@ def draw_demos(gen, expert, key, n: int, hard_fraction: float) -> Demos:
 
 
 def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
-               evaluate: Callable[[nnx.State], float] | None = None
+               evaluate: Callable[[nnx.State], float] | None = None,
+               fresh_model: Callable[[int], nnx.Module] | None = None
                ) -> tuple[nnx.State, dict[str, Any]]:
   """Generate `warmstart.num_demos` expert episodes for `config.env.name` (on device; a host env
-  on the host), then train
-  for `warmstart.steps` SFT updates (fewer if `evaluate(params) >= warmstart.target_success` at
-  one of the checks every `warmstart.eval_every` steps). When checks ran and none met the target,
-  the params of the best check come back (the latest among ties: a check on a few maps ties
-  often, and later params trained longer), not the last step's: SFT on a noisy expert can drift
-  after it peaks.
+  on the host), then train for `warmstart.steps` SFT updates (fewer if `evaluate(params) >=
+  warmstart.target_success` at one of the checks every `warmstart.eval_every` steps). When checks
+  ran and none met the target, the params of the best check come back (the latest among ties: a
+  check on a few maps ties often, and later params trained longer), not the last step's: SFT on
+  a noisy expert can drift after it peaks.
+
+  Attempts: with checks and `warmstart.attempts` = A > 1, an attempt whose checks never meet the
+  target is followed by another on the same demos, from `fresh_model(a)` (a new init; the same
+  init when None) and a new batch order, up to A attempts; the first attempt to meet the target
+  comes back, else the best check of all (the latest among ties). The first attempt is the
+  single-attempt warm start exactly.
 
   Returns the trained Params (an nnx.State; `nnx.update(model, params)` loads them) and stats:
   loss (per step), steps, returned_step (whose params come back), evals ([(step, success)]),
-  stopped_early, demo_success / demo_return / demo_tokens / demo_truncated / demo_hard (the share
-  of demos starting where the right move needs the state read, `Expert.hard`:
-  `warmstart.hard_fraction` oversamples them), seconds (demo
-  generation, training). The model itself is not changed. With `warmstart.enabled=False` the
-  model's Params come back untouched.
+  stopped_early (all of the returned attempt), attempt (its index), attempt_evals (every
+  attempt's evals), demo_success / demo_return / demo_tokens / demo_truncated / demo_hard (the
+  share of demos starting where the right move needs the state read, `Expert.hard`:
+  `warmstart.hard_fraction` oversamples them), seconds (demo generation, training). The model
+  itself is not changed. With `warmstart.enabled=False` the model's Params come back untouched.
   """
   w = config.warmstart
   validate(w)
@@ -169,6 +180,32 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
     raise ValueError("the warm-start demos hold no trained reply tokens: raise warmstart.max_len "
                      f"(={w.max_len}) above the prompt length or lower warmstart.epsilon")
   t1 = time.perf_counter()
+  tries = []
+  for attempt in range(int(w.attempts) if evaluate is not None else 1):
+    start = model if attempt == 0 or fresh_model is None else fresh_model(attempt)
+    order = k_train if attempt == 0 else jax.random.fold_in(k_train, attempt)
+    tries.append(_train(config, start, demos, order, evaluate))
+    if tries[-1]["stopped_early"]:
+      break
+  # the attempt that met the target (the last one run), else the best check of all
+  chosen = max(range(len(tries)), key=lambda a: (tries[a]["best"], a))
+  run = tries[chosen]
+  success, reward, length, truncated = jax.device_get(
+      (demos.success, demos.reward, demos.length, demos.truncated))
+  stats = dict(loss=run["loss"], steps=run["steps"], evals=run["evals"],
+               stopped_early=run["stopped_early"], returned_step=run["returned_step"],
+               attempt=chosen, attempt_evals=[t["evals"] for t in tries],
+               demo_success=float(np.mean(success)), demo_return=float(np.mean(reward)),
+               demo_tokens=float(np.mean(length)), demo_truncated=float(np.mean(truncated)),
+               demo_hard=float(np.mean(jax.device_get(demos.hard))),
+               seconds=dict(demos=t1 - t0, train=time.perf_counter() - t1))
+  return run["params"], stats
+
+
+def _train(config, model, demos: Demos, key, evaluate) -> dict[str, Any]:
+  """One SFT attempt from `model`'s params: up to `warmstart.steps` updates with checks; its
+  params (the best check's, or the last step's without checks), best success, loss, evals."""
+  w = config.warmstart
   trainer = SFTTrainer(model, w)
   losses, evals, stopped = [], [], False
   best = None                                     # (success, step, params) of the best check
@@ -177,7 +214,7 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   bar = console.progress(config, int(w.steps), "warm start")
   for step in range(1, int(w.steps) + 1):
     bar.update(1)
-    losses.append(trainer.step(demos.tokens, demos.loss_mask, trainer.rows(k_train, step, n)))
+    losses.append(trainer.step(demos.tokens, demos.loss_mask, trainer.rows(key, step, n)))
     if evaluate is not None and step % int(w.eval_every) == 0:
       params = trainer.params_state()
       success = float(evaluate(params))
@@ -189,14 +226,6 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
         break
   bar.close()
   # A check that met the target is the best one; otherwise the best check beats the last step.
-  _, returned_step, final = best if best is not None else (None, step, trainer.params_state())
-  losses = [float(x) for x in jax.device_get(losses)]
-  success, reward, length, truncated = jax.device_get(
-      (demos.success, demos.reward, demos.length, demos.truncated))
-  stats = dict(loss=losses, steps=step, evals=evals, stopped_early=stopped,
-               returned_step=returned_step,
-               demo_success=float(np.mean(success)), demo_return=float(np.mean(reward)),
-               demo_tokens=float(np.mean(length)), demo_truncated=float(np.mean(truncated)),
-               demo_hard=float(np.mean(jax.device_get(demos.hard))),
-               seconds=dict(demos=t1 - t0, train=time.perf_counter() - t1))
-  return final, stats
+  score, returned_step, final = best if best is not None else (-1.0, step, trainer.params_state())
+  return dict(params=final, best=score, returned_step=returned_step, steps=step, evals=evals,
+              stopped_early=stopped, loss=[float(x) for x in jax.device_get(losses)])
