@@ -447,7 +447,7 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
     return nnx.to_pure_dict(nnx.state(parts.model, nnx.Param)), {"skipped": True}
   stream = (2**31 - 1, 0)   # a stream no RL step uses
   key = _step_key(config, *stream)
-  evaluate = None
+  evaluate = fresh_model = None
   if float(config.warmstart.target_success) < 1.0:
     # Early stopping looks at train maps only: the held-out split stays unseen until RL's eval.
     n = min(int(config.warmstart.eval_prompts), parts.tasks.num_train)
@@ -458,22 +458,22 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
       train_eval = Evaluator(config, parts.tasks.train_env, states, parts.tokenizer,
                              shards=_shards(parts.rollout_mesh))
     every = int(config.warmstart.eval_every)
-    checks = iter(range(every, 1 << 30, every))
+    at_step = [0]                  # the SFT step of the attempt's latest check
 
     def evaluate(params):
       # placed like the learner's weights, so the check runs the evaluation's own programs
       params = jax.device_put(nnx.to_pure_dict(params), parts.train_step.param_shardings)
       success = train_eval.greedy_success(new_cache(parts, params), _step_key(config, *stream, 1))[0]
-      console.write(f"warm start: step {next(checks)}, greedy success {success:.2f} on {n} train "
+      at_step[0] += every
+      console.write(f"warm start: step {at_step[0]}, greedy success {success:.2f} on {n} train "
                     f"maps (target {float(config.warmstart.target_success):.2f})")
       return success
 
-  def fresh_model(attempt):
-    nonlocal checks
-    checks = iter(range(every, 1 << 30, every))
-    console.write(f"warm start: no check met the target; attempt {attempt + 1} of "
-                  f"{int(config.warmstart.attempts)} from a fresh init")
-    return build_model(config, parts.tokenizer, seed=_attempt_seed(config, attempt))[0]
+    def fresh_model(attempt):
+      at_step[0] = 0
+      console.write(f"warm start: no check met the target; attempt {attempt + 1} of "
+                    f"{int(config.warmstart.attempts)} from a fresh init")
+      return build_model(config, parts.tokenizer, seed=_attempt_seed(config, attempt))[0]
   params, stats = warm_start(config, parts.model, parts.tokenizer, parts.tasks.train_env, key,
                              evaluate=evaluate, fresh_model=fresh_model)
   stats = {k: v for k, v in stats.items() if k != "loss"} | {
