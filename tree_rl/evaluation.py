@@ -40,9 +40,10 @@ def _at_leaves(field, leaf):
 
 class Evaluator:
 
-  def __init__(self, config, env, states, tokenizer, shards: int = 1):
+  def __init__(self, config, env, states, tokenizer, shards: int = 1, prompts: int | None = None):
+    """Evaluates the first `prompts` of `states` (default `train.eval_prompts`; 0: all)."""
     self.config = config
-    count = int(config.train.eval_prompts)
+    count = int(config.train.eval_prompts) if prompts is None else prompts
     n = jax.tree.leaves(states)[0].shape[0]
     self.num_prompts = min(count, n) if count > 0 else n
     self.states = tasks.take(states, np.arange(self.num_prompts))

@@ -80,11 +80,12 @@ def _shards(mesh) -> int:
 # ----------------------------------------------------------------------------- state
 
 
-def new_cache(parts: Parts, params):
-  """One sampler cache for training rollouts and evaluation, bound to `params`."""
+def new_cache(parts: Parts, params, extra: list[tuple] = ()):
+  """One sampler cache for training rollouts and evaluation (and the `extra` (engine, layout)
+  rollouts), bound to `params`."""
   return capacity.config_cache(parts.config, _to_model(parts, params),
-                               [(parts.engine, parts.layout)] + parts.evaluator.rollouts(),
-                               mesh=parts.rollout_mesh)
+                               [(parts.engine, parts.layout)] + parts.evaluator.rollouts()
+                               + list(extra), mesh=parts.rollout_mesh)
 
 
 def warm_up(parts: Parts, cache):
@@ -453,17 +454,18 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
     n = min(int(config.warmstart.eval_prompts), parts.tasks.num_train)
     states = tasks.take(parts.tasks.train_states, np.arange(n))
     if parts.tasks.train_env is parts.tasks.test_env:   # the held-out evaluator's programs
-      train_eval = parts.evaluator.on(states)
-    else:
+      train_eval, extra = parts.evaluator.on(states), []
+    else:   # its own engine (the train split's env), in the cache beside the run's rollouts
       train_eval = Evaluator(config, parts.tasks.train_env, states, parts.tokenizer,
-                             shards=_shards(parts.rollout_mesh))
+                             shards=_shards(parts.rollout_mesh), prompts=n)
+      extra = train_eval.rollouts()
     every = int(config.warmstart.eval_every)
     at_step = [0]                  # the SFT step of the attempt's latest check
 
     def evaluate(params):
       # placed like the learner's weights, so the check runs the evaluation's own programs
       params = jax.device_put(nnx.to_pure_dict(params), parts.train_step.param_shardings)
-      success = train_eval.greedy_success(new_cache(parts, params), _step_key(config, *stream, 1))[0]
+      success = train_eval.greedy_success(new_cache(parts, params, extra), _step_key(config, *stream, 1))[0]
       at_step[0] += every
       console.write(f"warm start: step {at_step[0]}, greedy success {success:.2f} on {n} train "
                     f"maps (target {float(config.warmstart.target_success):.2f})")

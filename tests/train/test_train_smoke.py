@@ -92,3 +92,15 @@ def test_warm_start_stops_at_the_target_on_train_maps(tmp_path, data_dir, capsys
   assert step == 2 and 0.0 <= success <= 1.0
   assert f"warm start: step 2, greedy success {success:.2f} on 16 train maps" in capsys.readouterr().out
 
+
+def test_warm_start_checks_more_train_questions_than_the_held_out_eval(tmp_path, data_dir, capsys):
+  # tool-call QA's train split has its own env and engine: the check's 16 questions (more than
+  # the 8 held-out ones the run's cache was sized for) get their slots in the cache
+  config = smoke(toolcall, "chain", data_dir, **{
+      "warmstart.steps": 2, "warmstart.eval_every": 2, "warmstart.target_success": 0.0,
+      "warmstart.eval_prompts": 16, "train.eval_prompts": 0, "train.num_steps": 1})
+  summary = train_and_evaluate(config, str(tmp_path))
+  (step, success), = summary["warm_start"]["evals"]
+  assert step == 2 and round(success * 16) == success * 16
+  assert f"greedy success {success:.2f} on 16 train maps" in capsys.readouterr().out
+
