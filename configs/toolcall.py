@@ -5,6 +5,9 @@ per turn; configs/common.py); `model=tiny|small` replies with a few tokens per t
 
 Run:
   python -m experiments.train --config=configs/toolcall.py:algo=tree_grpo,model=tiny --workdir=runs/qa
+The reproduction's CPU testbed (`testbed`: a warm start long enough to copy names from the
+question and the search results, then 200 RL steps; docs/benchmarks.md, "tool-call testbed"):
+  python -m experiments.train --config=configs/toolcall.py:algo=grpo,testbed --workdir=runs/qa_tb
 Smoke:
   python -m experiments.train --config=configs/toolcall.py:algo=patr,smoke --workdir=runs/qa_smoke
 algo: grpo | rloo | chain | tree_grpo | patr | tree_random | dapo | gigpo | arpo;  model: tiny | small | hf (with hf_path=...).
@@ -15,7 +18,7 @@ from tree_rl.config import base_config, lock, parse_arg
 
 
 def get_config(arg=None):
-  args = parse_arg(arg, algo="tree_grpo", model="tiny", hf_path="", smoke=False)
+  args = parse_arg(arg, algo="tree_grpo", model="tiny", hf_path="", smoke=False, testbed=False)
   c = base_config()
   c.env.name, c.env.preset = "toolcall", "default"
   c.rollout.max_turns = 6    # up to 3 hops of search, then the answer
@@ -25,7 +28,36 @@ def get_config(arg=None):
     c.sampler.num_pages = 8192                  # patr / tree_random / grpo need up to 8,144 pages here
   apply_algo(c, args.algo)
   c.warmstart.max_len = 512                     # the question prompt alone is ~200 tokens
+  if args.testbed and args.model != "hf":
+    _testbed(c)
   if args.smoke:
     apply_smoke(c)
     c.warmstart.max_len = 384
   return lock(c)
+
+
+def _testbed(c):
+  """The CPU testbed of the reproduction's tool-call half: the tiny policy learns from the
+  expert's demos to copy a name from the question (or the last search's facts) into the next
+  query and the answer, stopping while it still misses often, and RL runs long enough for the
+  curves to flatten (docs/benchmarks.md, "tool-call testbed", measures each choice)."""
+  c.sampler.attention = "reference"   # fewest compiled shapes on CPU
+  # an episode is at most 157 + 6 x (24 + 140) - 140 = 1001 tokens (distractor turns make a
+  # 3-hop demo 5 or 6 turns long): 1024 keeps every demo whole (at 512 the answer turn of most
+  # 2- and 3-hop demos was cut)
+  c.warmstart.max_len = 1024
+  c.warmstart.num_demos = 4096
+  # distractor turns (another question's query or answer) are trained on too, so the sampled
+  # policy tries other replies and RL has something to choose between
+  c.warmstart.epsilon = 0.2
+  c.warmstart.loss_on_noise = True
+  c.warmstart.steps = 2000
+  c.warmstart.learning_rate = 1e-3
+  c.warmstart.eval_every = 250
+  c.warmstart.eval_prompts = 128
+  c.warmstart.target_success = 0.5
+  c.warmstart.attempts = 3
+  c.learner.learning_rate = 3e-4
+  c.train.num_steps = 200
+  c.train.eval_every = 20
+  c.train.eval_samples = 4

@@ -216,7 +216,7 @@ def base_config() -> ml_collections.ConfigDict:
       weight_decay=0.0,         # AdamW decoupled weight decay (matrices only)
       grad_clip=1.0,            # global-norm gradient clipping (0 disables)
       eval_every=25,            # SFT steps between evaluate(params) calls (when a callback is given)
-      target_success=1.0,       # stop once greedy success on train maps >= this (1.0: run all steps)
+      target_success=1.0,       # stop once greedy success on train tasks >= this (1.0: run all steps)
       eval_prompts=64,          # train prompts of that check (the held-out split is never used)
       attempts=1,               # attempts that miss the target are redone from a fresh init, up to this many
       attention="auto",         # learner attention implementation (see learner.attention)

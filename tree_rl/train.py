@@ -450,7 +450,7 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
   key = _step_key(config, *stream)
   evaluate = fresh_model = None
   if float(config.warmstart.target_success) < 1.0:
-    # Early stopping looks at train maps only: the held-out split stays unseen until RL's eval.
+    # Early stopping looks at train tasks only: the held-out split stays unseen until RL's eval.
     n = min(int(config.warmstart.eval_prompts), parts.tasks.num_train)
     states = tasks.take(parts.tasks.train_states, np.arange(n))
     if parts.tasks.train_env is parts.tasks.test_env:   # the held-out evaluator's programs
@@ -468,7 +468,7 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
       success = train_eval.greedy_success(new_cache(parts, params, extra), _step_key(config, *stream, 1))[0]
       at_step[0] += every
       console.write(f"warm start: step {at_step[0]}, greedy success {success:.2f} on {n} train "
-                    f"maps (target {float(config.warmstart.target_success):.2f})")
+                    f"tasks (target {float(config.warmstart.target_success):.2f})")
       return success
 
     def fresh_model(attempt):

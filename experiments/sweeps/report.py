@@ -11,6 +11,10 @@ inter-only advantages (`tree_grpo` of the reproduction is "both"), PATR's group 
 pruned branches and Best_n (`patr` of the reproduction keeps them, the paper's default). Seeds
 0-2 of the two sweeps share their warm starts.
 
+`toolcall_reproduction` (#20 item 4, on the tool-call `testbed` config, 5 seeds): chain GRPO
+(group 8), Tree-GRPO at the same planned budget and `tree_grpo_quarter` at a quarter; the
+intra/inter ablation stays with FrozenLake.
+
 Shapes at equal budget (`budget.method_shapes`): chain G=8; Tree-GRPO M=4, N=2, L=1 (M trees of
 1 + L*N/2 trajectories' worth each: the issue's M=2 plans 4, half of chain GRPO's 8); PATR /
 Tree-Random B0=6, top-4, M=2, 10 branches (the paper's B0=4, top-2 plans 5); DAPO and GiGPO 8
@@ -24,20 +28,21 @@ from experiments.sweeps.core import CONFIG_KEY, Sweep
 from experiments.sweeps.tree_grpo import ADVANTAGE
 
 PATH = "configs/frozenlake.py"
+TOOLCALL = "configs/toolcall.py"
 METHODS = ("grpo", "tree_grpo", "tree_random", "patr", "dapo", "gigpo", "arpo")
 REPRODUCTION = ("grpo", "tree_grpo", "tree_random", "patr")
 REPRODUCTION_SEEDS = (0, 1, 2, 3, 4)
 ABLATION_SEEDS = (0, 1, 2)
 
 
-def _shapes() -> tuple[int, dict]:
+def _shapes(path: str = PATH) -> tuple[int, dict]:
   """Chain GRPO's group k and each method's rollout shape planning k trajectories per prompt."""
-  k = int(base_values(f"{PATH}:algo=grpo", ["rollout.group_size"])["rollout.group_size"])
-  return k, method_shapes(PATH, k)
+  k = int(base_values(f"{path}:algo=grpo", ["rollout.group_size"])["rollout.group_size"])
+  return k, method_shapes(path, k)
 
 
-def _entry(algo: str, shape: dict, arg: str = "") -> dict:
-  return {CONFIG_KEY: f"{PATH}:algo={algo}{arg}", **shape}
+def _entry(algo: str, shape: dict, arg: str = "", path: str = PATH) -> dict:
+  return {CONFIG_KEY: f"{path}:algo={algo}{arg}", **shape}
 
 
 def frozenlake_methods() -> Sweep:
@@ -82,6 +87,18 @@ def frozenlake_ablations() -> Sweep:
                            "inter-only advantages, PATR without pruned branches / Best_n")
 
 
+def toolcall_reproduction() -> Sweep:
+  k, shapes = _shapes(TOOLCALL)
+  entries = {algo: _entry(algo, shapes[algo], ",testbed", TOOLCALL) for algo in ("grpo", "tree_grpo")}
+  entries["tree_grpo_quarter"] = _entry(
+      "tree_grpo", method_shapes(TOOLCALL, k // 4)["tree_grpo"], ",testbed", TOOLCALL)
+  return Sweep("toolcall_reproduction", f"{TOOLCALL}:algo=tree_grpo,testbed", entries,
+               seeds=REPRODUCTION_SEEDS, equal_budget=(("grpo", "tree_grpo"),),
+               description=f"Tool-call QA reproduction on the testbed: chain GRPO / Tree-GRPO at "
+                           f"{k} planned trajectories per prompt and Tree-GRPO at {k // 4}, 5 seeds")
+
+
 SWEEPS = {"frozenlake_methods": frozenlake_methods,
           "frozenlake_reproduction": frozenlake_reproduction,
-          "frozenlake_ablations": frozenlake_ablations}
+          "frozenlake_ablations": frozenlake_ablations,
+          "toolcall_reproduction": toolcall_reproduction}

@@ -77,6 +77,18 @@ def test_the_frozenlake_testbed_builds_and_validates(algo):
   assert config.env.local_view and config.env.goal_hint and config.train.num_steps >= 100   # the issue: at least 100 RL steps
 
 
+@pytest.mark.parametrize("algo", ["grpo", "tree_grpo"])
+def test_the_toolcall_testbed_builds_and_keeps_every_demo_whole(algo):
+  config = sweep_build.check(Run("configs", "x", 0, f"configs/toolcall.py:algo={algo},testbed", ()))
+  from tree_rl.envs.toolcall import ToolCallEnv
+  from tree_rl.models.tokenizers import make_tokenizer
+  env = ToolCallEnv(make_tokenizer())
+  r = config.rollout   # the longest episode: the prompt, then every turn's reply and observation
+  assert env.prompt_capacity + r.max_turns * (r.max_tokens_per_turn + env.obs_capacity) \
+      - env.obs_capacity <= config.warmstart.max_len
+  assert config.train.num_steps >= 100 and config.warmstart.target_success < 1
+
+
 def test_parse_arg_booleans_parse_as_command_line_flags_do():
   assert parse_arg("flag=false", flag=True).flag is False
   assert parse_arg("flag=1", flag=False).flag is True

@@ -180,7 +180,8 @@ def simulated_patr_trajectories(rc):
 
 
 @pytest.mark.parametrize("name", ["budget_curve", "toolcall_budget_curve", "frozenlake_methods",
-                                  "frozenlake_reproduction", "frozenlake_ablations"])
+                                  "frozenlake_reproduction", "frozenlake_ablations",
+                                  "toolcall_reproduction"])
 def test_shipped_equal_budget_sweeps_plan_equal_costs(name):
   sweep = sweeps.get(name)   # get refuses an unequal one
   costs = check_equal_budget(sweep)
@@ -228,6 +229,20 @@ def test_frozenlake_reproduction_runs_the_issue_arms_on_the_testbed():
   assert c["patr_drop_pruned"].rollout.keep_pruned is False
   assert c["patr_best_n"].rollout.keep_best == c["patr"].rollout.initial_branches
   assert (c["tree_random"].rollout.method, c["patr"].rollout.method) == ("tree_random", "patr")
+
+
+def test_toolcall_reproduction_runs_chain_and_trees_on_the_testbed():
+  sweep = sweeps.get("toolcall_reproduction")
+  assert sweep.seeds == (0, 1, 2, 3, 4)
+  c = {r.entry: cfg for r, cfg in zip(sweep.runs([0]), check_all(sweep.runs([0])))}
+  assert set(c) == {"grpo", "tree_grpo", "tree_grpo_quarter"}
+  testbed = toolcall.get_config("algo=grpo,testbed")
+  assert all(cfg.env == testbed.env and cfg.warmstart == testbed.warmstart for cfg in c.values())
+  assert c["grpo"].rollout.group_size == 8 and c["grpo"].rollout.method == "chain"
+  for name, trajectories in (("tree_grpo", 8), ("tree_grpo_quarter", 2)):
+    t = c[name].rollout
+    assert t.num_trees * (1 + t.expand_iterations * t.expand_nodes / 2) == trajectories
+    assert c[name].learner.advantage == "tree_grpo"
 
 
 def test_runs_of_one_seed_across_report_sweeps_can_share_one_warm_start():

@@ -90,7 +90,7 @@ def test_warm_start_stops_at_the_target_on_train_maps(tmp_path, data_dir, capsys
   assert warm["steps"] == 2 and warm["stopped_early"]        # the first check meets target 0
   (step, success), = warm["evals"]
   assert step == 2 and 0.0 <= success <= 1.0
-  assert f"warm start: step 2, greedy success {success:.2f} on 16 train maps" in capsys.readouterr().out
+  assert f"warm start: step 2, greedy success {success:.2f} on 16 train tasks" in capsys.readouterr().out
 
 
 def test_warm_start_checks_more_train_questions_than_the_held_out_eval(tmp_path, data_dir, capsys):
@@ -102,5 +102,5 @@ def test_warm_start_checks_more_train_questions_than_the_held_out_eval(tmp_path,
   summary = train_and_evaluate(config, str(tmp_path))
   (step, success), = summary["warm_start"]["evals"]
   assert step == 2 and round(success * 16) == success * 16
-  assert f"greedy success {success:.2f} on 16 train maps" in capsys.readouterr().out
+  assert f"greedy success {success:.2f} on 16 train tasks" in capsys.readouterr().out
 
