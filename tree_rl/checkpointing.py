@@ -1,8 +1,8 @@
 """Orbax checkpoints of the whole training state, with exact resume.
 
 A checkpoint holds one pytree of arrays (params, optimizer state, reference params, RNG key data,
-...) and one JSON document (step, data position, config, eval metrics). The last `keep` steps and
-the best by `best_metric` are kept. Non-finite arrays are refused, so a diverged update can never
+...) and one JSON document (step, data position, config, eval metrics). The last `keep` steps,
+the best by `best_metric` and the `keep_steps` (a run's warm start, step 0) are kept. Non-finite arrays are refused, so a diverged update can never
 reach disk.
 
 Integrity: every save stores a digest of each array (`tree_rl.digest`) in the step's JSON, written
@@ -53,10 +53,12 @@ class Checkpointer:
   """Save and restore (state pytree, metadata dict) under `directory`."""
 
   def __init__(self, directory: str, keep: int = 3, best_metric: str | None = None,
-               best_mode: str = "max"):
+               best_mode: str = "max", keep_steps: tuple[int, ...] = ()):
     self.directory = os.path.abspath(directory)
     self.best_metric = best_metric
     preservation = [policies.LatestN(n=keep)]
+    if keep_steps:
+      preservation.append(policies.CustomSteps(steps=list(keep_steps)))
     if best_metric:
       sign = 1.0 if best_mode == "max" else -1.0
       preservation.append(policies.BestN(

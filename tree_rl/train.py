@@ -305,8 +305,11 @@ def _train_and_evaluate(config, workdir: str, parts: Parts, start: tuple[int, fl
   if hosts.is_main():
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
+  # a computed warm start (step 0) is kept: the run's reference point, which other methods of
+  # one seed start from (experiments/reports/run_frozenlake_methods.py)
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=int(config.checkpoint.keep),
-                      best_metric="eval/greedy_success")
+                      best_metric="eval/greedy_success",
+                      keep_steps=(0,) if _warm_starts(config) else ())
   writer = (MetricsWriter(workdir, tensorboard=bool(config.logging.tensorboard))
             if hosts.is_main() else NullWriter())
   train_state = parts.train_step.init()
@@ -439,12 +442,17 @@ def restore_params(train_step, workdir: str, step: int | None = None, tokenizer=
   return step, state["train"].params
 
 
+def _warm_starts(config) -> bool:
+  """Whether the run begins with a supervised warm start (a from-scratch model with it on)."""
+  return config.model.preset != "hf" and bool(config.warmstart.enabled)
+
+
 def _warm_start(parts: Parts) -> tuple[Any, dict]:
   """Supervised warm start for from-scratch models (pure-dict params, stats); skipped for a
   pretrained checkpoint (config.model.preset=hf) or with config.warmstart.enabled=False."""
   from tree_rl.warmstart import warm_start
   config = parts.config
-  if config.model.preset == "hf" or not config.warmstart.enabled:
+  if not _warm_starts(config):
     return nnx.to_pure_dict(nnx.state(parts.model, nnx.Param)), {"skipped": True}
   stream = (2**31 - 1, 0)   # a stream no RL step uses
   key = _step_key(config, *stream)

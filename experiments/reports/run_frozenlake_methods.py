@@ -6,10 +6,11 @@
 
 The methods of one seed (over every `--sweep` given) start from the same warm-start checkpoint:
 the warm start depends on the seed and `config.warmstart` only, so the first method's run
-computes it and the others resume from a copy of its step-0 checkpoint (and step-0 eval row),
-which continues exactly as a run from scratch would (resume is bitwise exact). Runs already
-summarized in `--summaries` are skipped, so a reproduction longer than one session continues in
-the next. Seeds run in parallel processes; arguments after `--` are added to every run (e.g. a
+computes it (runs keep their step-0 checkpoint) and the others resume from a copy of it (and of
+its step-0 eval row), which continues exactly as a run from scratch would (resume is bitwise
+exact); a run directory of an earlier sitting that still holds its warm start gives it too,
+and a run that saved no checkpoint yet gets it. Runs already summarized in `--summaries` are
+skipped, so a reproduction longer than one session continues in the next. Seeds run in parallel processes; arguments after `--` are added to every run (e.g. a
 shorter schedule). Finally each finished run's summary is written into `--summaries`
 (`summaries.py`, committed with the report) and `make_report` builds the report from that
 directory.
@@ -36,6 +37,16 @@ def _train(run, root, extra, log):
     subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=True)
 
 
+def _has_warm_start(workdir: str) -> bool:
+  """Whether `workdir` holds a step-0 checkpoint (runs keep their computed warm start)."""
+  return os.path.isdir(os.path.join(workdir, "checkpoints", "0"))
+
+
+def _has_checkpoint(workdir: str) -> bool:
+  path = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(path) and any(name.isdigit() for name in os.listdir(path))
+
+
 def _seed_share(src: str, dst: str):
   """Give `dst` the warm start of `src`: its step-0 checkpoint and step-0 eval row."""
   os.makedirs(os.path.join(dst, "checkpoints"), exist_ok=True)
@@ -48,19 +59,20 @@ def _seed_share(src: str, dst: str):
 
 def run_seed(runs: list, root: str, extra: list[str], summaries_dir: str = ""):
   """Train one seed's runs in order, skipping those already summarized (in their workdir or in
-  `summaries_dir`, so a reproduction spreads over sessions); the first one trained computes the
-  warm start and the others start from a copy of it."""
-  source = None
+  `summaries_dir`, so a reproduction spreads over sessions); the first run whose workdir holds
+  a warm start (step 0), or else the first one trained, gives it to the others."""
+  source = next((run.workdir(root) for run in runs if _has_warm_start(run.workdir(root))), None)
   for run in runs:
     workdir = run.workdir(root)
     if os.path.exists(os.path.join(workdir, "summary.json")) or (
         summaries_dir and os.path.exists(os.path.join(summaries_dir, f"{run.name}.json"))):
       continue
-    if source is not None and not os.path.exists(workdir):
-      _seed_share(source.workdir(root), workdir)
+    if source is not None and not _has_checkpoint(workdir):   # nothing of its own to resume
+      _seed_share(source, workdir)
     os.makedirs(workdir, exist_ok=True)
     _train(run, root, extra, os.path.join(workdir, "train.log"))
-    source = source or run
+    if source is None and _has_warm_start(workdir):
+      source = workdir
     print(f"done {run.sweep}/{run.name}", flush=True)
 
 

@@ -51,3 +51,19 @@ def test_one_warm_start_per_seed_and_summarized_runs_skipped(tmp_path, monkeypat
   trained.clear()
   runner.run_seed(runs, root, [], str(summaries))   # everything done: nothing trains
   assert trained == []
+
+
+def test_a_kept_warm_start_of_an_earlier_sitting_is_shared_with_runs_not_yet_saved(tmp_path, monkeypatch):
+  sweep = Sweep("main", FL, {"a": {}, "b": {}, "c": {}}, seeds=(0,))
+  root = str(tmp_path / "runs")
+  a, b = sweep.run("a", 0).workdir(root), sweep.run("b", 0).workdir(root)
+  os.makedirs(os.path.join(a, "checkpoints", "0"))          # a finished, its warm start kept
+  open(os.path.join(a, "checkpoints", "0", "marker"), "w").write("a_seed0")
+  open(os.path.join(a, "metrics.jsonl"), "w").write(json.dumps({"step": 0, "from": "a"}) + "\n")
+  open(os.path.join(a, "summary.json"), "w").write("{}")
+  os.makedirs(os.path.join(b, "checkpoints"))               # b died before its first checkpoint
+  trained = []
+  monkeypatch.setattr(runner, "_train", _fake_train(trained))
+  runner.run_seed(sweep.runs(), root, [])
+  row = [{"step": 0, "from": "a"}]
+  assert trained == [("b_seed0", "a_seed0", row), ("c_seed0", "a_seed0", row)]

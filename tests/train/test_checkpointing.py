@@ -37,6 +37,15 @@ def test_keeps_last_n_and_best(tmp_path):
   assert sorted(ckpt.all_steps()) == [2, 4, 5]
 
 
+def test_keep_steps_survive_retention(tmp_path):
+  ckpt = Checkpointer(str(tmp_path / "a"), keep=2, keep_steps=(0,))
+  plain = Checkpointer(str(tmp_path / "b"), keep=2)
+  for step in range(6):
+    ckpt.save(step, _state(step), {})
+    plain.save(step, _state(step), {})
+  assert sorted(ckpt.all_steps()) == [0, 4, 5] and sorted(plain.all_steps()) == [4, 5]
+
+
 def test_refuses_non_finite_state(tmp_path):
   ckpt = Checkpointer(str(tmp_path))
   bad = _state(1)
