@@ -40,8 +40,10 @@ def _at_leaves(field, leaf):
 
 class Evaluator:
 
-  def __init__(self, config, env, states, tokenizer, shards: int = 1, prompts: int | None = None):
-    """Evaluates the first `prompts` of `states` (default `train.eval_prompts`; 0: all)."""
+  def __init__(self, config, env, states, tokenizer, shards: int = 1, prompts: int | None = None,
+               samples: int | None = None):
+    """Evaluates the first `prompts` of `states` (default `train.eval_prompts`; 0: all) with
+    `samples` sampled chains beside the greedy one (default `train.eval_samples`)."""
     self.config = config
     count = int(config.train.eval_prompts) if prompts is None else prompts
     n = jax.tree.leaves(states)[0].shape[0]
@@ -55,7 +57,7 @@ class Evaluator:
     want = int(config.train.eval_chunk) or self.num_prompts   # 0: one rollout
     self.chunk = -(-min(want, self.num_prompts) // split) * split
     self.local = self.chunk // hosts.count()
-    self.k = int(config.train.eval_samples)
+    self.k = int(config.train.eval_samples) if samples is None else samples
     self.has_tools = bool(env.has_tools)
     self.info_fields = tuple(getattr(env, "info_fields", ()))
     c = config.copy_and_resolve_references()

@@ -463,9 +463,10 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
     states = tasks.take(parts.tasks.train_states, np.arange(n))
     if parts.tasks.train_env is parts.tasks.test_env:   # the held-out evaluator's programs
       train_eval, extra = parts.evaluator.on(states), []
-    else:   # its own engine (the train split's env), in the cache beside the run's rollouts
+    else:   # its own engine (the train split's env), in the cache beside the run's rollouts,
+      # and greedy chains only (the check reads nothing else)
       train_eval = Evaluator(config, parts.tasks.train_env, states, parts.tokenizer,
-                             shards=_shards(parts.rollout_mesh), prompts=n)
+                             shards=_shards(parts.rollout_mesh), prompts=n, samples=0)
       extra = train_eval.rollouts()
     every = int(config.warmstart.eval_every)
     at_step = [0]                  # the SFT step of the attempt's latest check

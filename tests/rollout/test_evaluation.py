@@ -84,6 +84,21 @@ def test_greedy_chain_of_the_joint_rollout_equals_a_greedy_rollout_alone():
       f"eval/{m}_success/side_{s}" for m in ("greedy", "sampled") for s in sides)
 
 
+def test_a_greedy_only_evaluator_runs_one_chain_and_agrees_with_the_joint_one():
+  env, states = _setup()
+  config = _config()
+  model = moves_model(TOK)
+  joint = Evaluator(config, env, states, TOK)
+  alone = Evaluator(config, env, states, TOK, prompts=2, samples=0)
+  assert alone.num_prompts == 2 and alone.engine.temperatures == (0.0,)
+  cache = new_cache(model, joint.rollouts() + alone.rollouts(), num_pages=400, page_size=16,
+                    kv_dtype="float32")
+  e, cache = joint.episodes(cache, jax.random.key(0))
+  got, _ = alone.greedy_success(cache, jax.random.key(5))
+  greedy = (e["valid"] & e["greedy"])[:2]
+  assert got == ((e["reward"][:2] > 0) & greedy).sum() / greedy.sum()
+
+
 def _group(config, g):
   r = config.copy_and_resolve_references().rollout
   r.group_size = g
