@@ -42,10 +42,10 @@ def _testbed(c):
   query and the answer, stopping while it still misses often, and RL runs long enough for the
   curves to flatten (docs/benchmarks.md, "tool-call testbed", measures each choice)."""
   c.sampler.attention = "reference"   # fewest compiled shapes on CPU
-  # an episode is at most 157 + 6 x (24 + 140) - 140 = 1001 tokens (distractor turns make a
-  # 3-hop demo 5 or 6 turns long): 1024 keeps every demo whole (at 512 the answer turn of most
-  # 2- and 3-hop demos was cut)
-  c.warmstart.max_len = 1024
+  # the expert's demos are 364 tokens on average and at most 579 (1024 drawn; distractor turns
+  # make a 3-hop demo 5 turns long): 640 keeps them whole, where 512 cut 12% of them (their
+  # answer turn); every SFT row is max_len long, so no longer than needed
+  c.warmstart.max_len = 640
   c.warmstart.num_demos = 4096
   # distractor turns (another question's query or answer) are trained on too, so the sampled
   # policy tries other replies and RL has something to choose between

@@ -78,15 +78,24 @@ def test_the_frozenlake_testbed_builds_and_validates(algo):
 
 
 @pytest.mark.parametrize("algo", ["grpo", "tree_grpo"])
-def test_the_toolcall_testbed_builds_and_keeps_every_demo_whole(algo):
+def test_the_toolcall_testbed_builds_and_validates(algo):
   config = sweep_build.check(Run("configs", "x", 0, f"configs/toolcall.py:algo={algo},testbed", ()))
+  assert config.train.num_steps >= 100 and config.warmstart.target_success < 1
+
+
+def test_the_toolcall_testbed_keeps_the_expert_demos_whole():
+  import jax
   from tree_rl.envs.toolcall import ToolCallEnv
   from tree_rl.models.tokenizers import make_tokenizer
-  env = ToolCallEnv(make_tokenizer())
-  r = config.rollout   # the longest episode: the prompt, then every turn's reply and observation
-  assert env.prompt_capacity + r.max_turns * (r.max_tokens_per_turn + env.obs_capacity) \
-      - env.obs_capacity <= config.warmstart.max_len
-  assert config.train.num_steps >= 100 and config.warmstart.target_success < 1
+  from tree_rl.warmstart.demos import DemoGenerator
+  from tree_rl.warmstart.experts import make_expert
+  w = toolcall.get_config("algo=grpo,testbed").warmstart
+  tok = make_tokenizer()
+  env = ToolCallEnv(tok)
+  gen = DemoGenerator(env, tok, make_expert("toolcall", env, w.epsilon), max_len=w.max_len,
+                      loss_on_noise=w.loss_on_noise)
+  demos = gen(jax.random.key(1), 512)
+  assert not demos.truncated.any() and (demos.length > 512).any()   # 512 would cut some
 
 
 def test_parse_arg_booleans_parse_as_command_line_flags_do():
