@@ -83,6 +83,8 @@ def main(argv=None):
   ap.add_argument("--sweep", action="append", help="a report sweep (repeatable; default "
                   "frozenlake_methods); runs of one seed share one warm start across them")
   ap.add_argument("--seeds", type=int, nargs="*", help="only these seeds (default: each sweep's)")
+  ap.add_argument("--entries", nargs="*", help="only these entries of the sweeps (default: all), "
+                  "e.g. the cheaper arms first when a sitting is short")
   ap.add_argument("--root", default="runs/sweeps")
   ap.add_argument("--parallel", type=int, default=1, help="seeds run at once")
   ap.add_argument("--summaries", default="experiments/reports/frozenlake_runs",
@@ -90,10 +92,15 @@ def main(argv=None):
   ap.add_argument("--out_dir", default="experiments/reports")
   args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
   names = args.sweep or ["frozenlake_methods"]
+  known = {e for name in names for e in sweeps.get(name).entries}
+  unknown = sorted(set(args.entries or ()) - known)
+  if unknown:
+    ap.error(f"--entries {unknown} are not entries of {names}; known: {sorted(known)}")
   by_seed = {}
   for name in names:
     for run in sweeps.get(name).runs():
-      if args.seeds is None or run.seed in args.seeds:
+      if (args.seeds is None or run.seed in args.seeds) and (
+          args.entries is None or run.entry in args.entries):
         by_seed.setdefault(run.seed, []).append(run)
   with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
     for f in [pool.submit(run_seed, runs, args.root, extra, args.summaries) for runs in by_seed.values()]:

@@ -5,6 +5,8 @@ step-0 checkpoint and eval row."""
 import json
 import os
 
+import pytest
+
 from experiments.reports import run_frozenlake_methods as runner
 from experiments.sweeps.core import Sweep
 
@@ -67,3 +69,17 @@ def test_a_kept_warm_start_of_an_earlier_sitting_is_shared_with_runs_not_yet_sav
   runner.run_seed(sweep.runs(), root, [])
   row = [{"step": 0, "from": "a"}]
   assert trained == [("b_seed0", "a_seed0", row), ("c_seed0", "a_seed0", row)]
+
+
+def test_entries_pick_arms_and_an_unknown_one_is_one_clear_error(monkeypatch, capsys):
+  picked = []
+  monkeypatch.setattr(runner, "run_seed", lambda runs, *a: picked.extend(r.name for r in runs))
+  monkeypatch.setattr(runner.summaries, "write_summaries", lambda *a: None)
+  monkeypatch.setattr(runner.make_report, "main", lambda *a: None)
+  runner.main(["--sweep", "frozenlake_reproduction", "--seeds", "1", "2",
+               "--entries", "tree_grpo_quarter", "grpo"])
+  assert sorted(picked) == ["grpo_seed1", "grpo_seed2", "tree_grpo_quarter_seed1",
+                            "tree_grpo_quarter_seed2"]
+  with pytest.raises(SystemExit):
+    runner.main(["--sweep", "frozenlake_reproduction", "--entries", "tree_grpo_quartr"])
+  assert "--entries ['tree_grpo_quartr'] are not entries" in capsys.readouterr().err
