@@ -57,11 +57,14 @@ def _seed_share(src: str, dst: str):
     f.write(first)
 
 
-def run_seed(runs: list, root: str, extra: list[str], summaries_dir: str = ""):
+def run_seed(runs: list, root: str, extra: list[str], summaries_dir: str = "",
+             others: list = ()):
   """Train one seed's runs in order, skipping those already summarized (in their workdir or in
-  `summaries_dir`, so a reproduction spreads over sessions); the first run whose workdir holds
-  a warm start (step 0), or else the first one trained, gives it to the others."""
-  source = next((run.workdir(root) for run in runs if _has_warm_start(run.workdir(root))), None)
+  `summaries_dir`, so a reproduction spreads over sessions); the first of them or of `others`
+  (the seed's runs not picked) whose workdir holds a warm start (step 0), or else the first one
+  trained, gives it to the rest."""
+  source = next((run.workdir(root) for run in [*runs, *others]
+                 if _has_warm_start(run.workdir(root))), None)
   for run in runs:
     workdir = run.workdir(root)
     if os.path.exists(os.path.join(workdir, "summary.json")) or (
@@ -96,14 +99,15 @@ def main(argv=None):
   unknown = sorted(set(args.entries or ()) - known)
   if unknown:
     ap.error(f"--entries {unknown} are not entries of {names}; known: {sorted(known)}")
-  by_seed = {}
+  by_seed, others = {}, {}
   for name in names:
     for run in sweeps.get(name).runs():
-      if (args.seeds is None or run.seed in args.seeds) and (
-          args.entries is None or run.entry in args.entries):
-        by_seed.setdefault(run.seed, []).append(run)
+      if args.seeds is None or run.seed in args.seeds:
+        picked = args.entries is None or run.entry in args.entries
+        (by_seed if picked else others).setdefault(run.seed, []).append(run)
   with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
-    for f in [pool.submit(run_seed, runs, args.root, extra, args.summaries) for runs in by_seed.values()]:
+    for f in [pool.submit(run_seed, runs, args.root, extra, args.summaries, others.get(seed, []))
+              for seed, runs in by_seed.items()]:
       f.result()
   for name in names:
     summaries.write_summaries(os.path.join(args.root, name), args.summaries)

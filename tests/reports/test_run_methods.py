@@ -69,17 +69,27 @@ def test_a_kept_warm_start_of_an_earlier_sitting_is_shared_with_runs_not_yet_sav
   runner.run_seed(sweep.runs(), root, [])
   row = [{"step": 0, "from": "a"}]
   assert trained == [("b_seed0", "a_seed0", row), ("c_seed0", "a_seed0", row)]
+  # a run not picked this time (`--entries`) gives its kept warm start to those picked
+  trained.clear()
+  d = Sweep("x", FL, {"d": {}}, seeds=(0,)).run("d", 0)
+  runner.run_seed([d], root, [], others=[sweep.run("a", 0)])
+  assert trained == [("d_seed0", "a_seed0", row)]
 
 
 def test_entries_pick_arms_and_an_unknown_one_is_one_clear_error(monkeypatch, capsys):
-  picked = []
-  monkeypatch.setattr(runner, "run_seed", lambda runs, *a: picked.extend(r.name for r in runs))
+  picked, sources = [], []
+  def run_seed(runs, root, extra, summaries_dir, others):
+    picked.extend(r.name for r in runs)
+    sources.extend(r.name for r in others)   # the seed's other runs may hold its warm start
+  monkeypatch.setattr(runner, "run_seed", run_seed)
   monkeypatch.setattr(runner.summaries, "write_summaries", lambda *a: None)
   monkeypatch.setattr(runner.make_report, "main", lambda *a: None)
   runner.main(["--sweep", "frozenlake_reproduction", "--seeds", "1", "2",
                "--entries", "tree_grpo_quarter", "grpo"])
   assert sorted(picked) == ["grpo_seed1", "grpo_seed2", "tree_grpo_quarter_seed1",
                             "tree_grpo_quarter_seed2"]
+  assert sorted(sources) == sorted(f"{m}_seed{s}" for m in ("tree_grpo", "tree_random", "patr")
+                                   for s in (1, 2))
   with pytest.raises(SystemExit):
     runner.main(["--sweep", "frozenlake_reproduction", "--entries", "tree_grpo_quartr"])
   assert "--entries ['tree_grpo_quartr'] are not entries" in capsys.readouterr().err
