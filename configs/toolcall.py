@@ -57,10 +57,9 @@ def _testbed(c):
   c.warmstart.eval_prompts = 128
   c.warmstart.target_success = 0.5
   c.warmstart.attempts = 3
-  # fixed-shape learner micro-batches, tree-packed (as the FrozenLake testbed): one program for
+  # fixed-shape learner micro-batches (tree-packed, as the FrozenLake testbed): one program for
   # every step, where per-batch shapes built new programs at most steps (130-190 s each, against
   # 18 s for a step that built none); the longest trajectory is 157 + 6 x (24 + 140) = 1141
-  c.learner.packed = True
   c.learner.row_tokens, c.learner.microbatch_rows, c.learner.microbatches = 1152, 4, 1
   c.learner.learning_rate = 3e-4
   c.train.num_steps = 200

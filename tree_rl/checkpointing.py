@@ -2,8 +2,8 @@
 
 A checkpoint holds one pytree of arrays (params, optimizer state, reference params, RNG key data,
 ...) and one JSON document (step, data position, config, eval metrics). The last `keep` steps,
-the best by `best_metric` and the `keep_steps` (a run's warm start, step 0) are kept. Non-finite arrays are refused, so a diverged update can never
-reach disk.
+the best by `best_metric` and the `keep_steps` (a run's warm start, step 0) are kept. Non-finite
+arrays are refused, so a diverged update can never reach disk.
 
 Integrity: every save stores a digest of each array (`tree_rl.digest`) in the step's JSON, written
 in the same atomic orbax save. A restore recomputes the digests and also refuses non-finite

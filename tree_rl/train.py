@@ -474,7 +474,8 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
     def evaluate(params):
       # placed like the learner's weights, so the check runs the evaluation's own programs
       params = jax.device_put(nnx.to_pure_dict(params), parts.train_step.param_shardings)
-      success = train_eval.greedy_success(new_cache(parts, params, extra), _step_key(config, *stream, 1))[0]
+      cache = new_cache(parts, params, extra)
+      success = train_eval.greedy_success(cache, _step_key(config, *stream, 1))[0]
       at_step[0] += every
       console.write(f"warm start: step {at_step[0]}, greedy success {success:.2f} on {n} train "
                     f"tasks (target {float(config.warmstart.target_success):.2f})")
