@@ -35,6 +35,8 @@ def _measure(c) -> str:
   kind, _, key = c.measure.partition(" ")
   text = {"gain": f"gain in {key}", "final": f"last {key}", "before": f"warm-start {key}",
           "train": f"last training {key}"}.get(kind, kind.replace("_", " "))
+  if kind == "gain":
+    text += " at matched spent budget" if c.matched else " at the last eval"
   return text + ("" if c.primary else " (secondary)")
 
 
@@ -60,13 +62,31 @@ def budget_note(assessed: dict) -> str:
     return ""
   parts = [f"{measures.label(m)} {r:.2f} (meant {e:g}{'' if ok else ', **off by more than 10%**'})"
            for m, r, e, ok in checks]
-  return "Spent budget per prompt per step relative to chain GRPO's: " + ", ".join(parts) + "."
+  text = "Spent budget per prompt per step relative to chain GRPO's: " + ", ".join(parts) + "."
+  if _all_matched(assessed):
+    text += (" The primary rows read each seed's runs at one cumulative spent budget (the "
+             "smaller total, in chain GRPO's units), so they compare equal spent budgets.")
+  return text
+
+
+def _all_matched(assessed: dict) -> bool:
+  return all(r["comparison"].matched for r in assessed["results"] if r["comparison"].primary)
+
+
+def matched_note(assessed: dict) -> str:
+  """Where the primary matched comparisons read their runs (mean RL step over seeds)."""
+  reads = [f"{measures.label(r['comparison'].a)} at step {r['read_at'][0]:.0f} and "
+           f"{measures.label(r['comparison'].b)} at step {r['read_at'][1]:.0f}"
+           for r in assessed["results"]
+           if r["comparison"].primary and r["comparison"].matched and r.get("read_at")]
+  return ("Read at matched spent budget (mean over seeds): " + "; ".join(reads) + ".") if reads else ""
 
 
 def overview_line(assessed: dict) -> str:
   claim = assessed["claim"]
   off = [measures.label(m) for m, _, _, ok in assessed["budget"] if not ok]
-  flag = f" (budget premise not met: {', '.join(off)})" if off else ""
+  flag = (f" (budget premise not met: {', '.join(off)})"
+          if off and not _all_matched(assessed) else "")
   return f"- {claim.key}. {claim.title}: **{assessed['verdict']}**{flag}"
 
 
@@ -79,6 +99,8 @@ def section(assessed: dict) -> list[str]:
     lines += [budget_note(assessed), ""]
   lines += ["| comparison | measure | claimed | n | seeds | effect (mean) | 95% CI | MDE | verdict |",
             "|---|---|---|---:|---|---:|---:|---:|---|", *[_row(r) for r in assessed["results"]]]
+  if matched_note(assessed):
+    lines += ["", matched_note(assessed)]
   mismatched = [(r, r["mismatch"]) for r in assessed["results"] if r.get("mismatch")]
   for r, seeds in mismatched:
     if r["comparison"].primary:

@@ -6,15 +6,24 @@ A / B of one measure (`measures.value`), then gives the mean, the 95% bootstrap 
 seeds, the minimal detectable effect and a verdict (`stats`). A `Claim` holds if all of its
 primary comparisons hold, does not hold if any does not hold, is "not run yet" while a compared
 method has no summary, and is inconclusive otherwise (`stats.combine`); secondary comparisons
-(greedy success beside sampled) are shown without counting. `budget` names the methods whose
-spent budget per prompt per step the claim takes as a given multiple of chain GRPO's; a ratio
-off by more than 10% is reported beside the verdict.
+(greedy success, and sampled success at equal steps) are shown without counting. `budget` names
+the methods whose spent budget per prompt per step the claim takes as a given multiple of chain
+GRPO's; a ratio off by more than 10% is reported beside the verdict.
+
+Equal planned budget is not equal spent budget (episodes end before the planned worst case, and
+tree methods expand where episodes are still running), so success comparisons are `matched`:
+on each seed both runs are read at one cumulative spent budget, the smaller of their two totals
+in chain GRPO's units (a `*_quarter` run's spending counts four times), on their eval curves
+(linear between evals, `measures.at_spent`). Matched, the spent budgets are equal by
+construction, and the runs' last evaluations (equal steps) are shown beside as secondary rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+
+import numpy as np
 
 from experiments.reports import measures, stats
 
@@ -34,6 +43,7 @@ class Comparison:
   unit: str = "points"      # how the effect prints: points and % (x100), x (a ratio), turns, calls
   primary: bool = True
   optional: bool = False    # left out of the verdict while its methods have not run
+  matched: bool = False     # read both runs at one cumulative spent budget (module docstring)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,9 +56,11 @@ class Claim:
 
 
 def on_success(a: str, b: str, kind: str = "greater", measure: str = "gain", **kw) -> tuple:
-  """The comparison on held-out sampled success, and the same on greedy as a secondary one."""
-  return (Comparison(a, b, f"{measure} {SAMPLED}", kind, **kw),
-          Comparison(a, b, f"{measure} {GREEDY}", kind, primary=False, **kw))
+  """The comparison on held-out sampled success at matched spent budget; greedy success there
+  and sampled success at the last evals (equal steps) as secondary ones."""
+  return (Comparison(a, b, f"{measure} {SAMPLED}", kind, matched=True, **kw),
+          Comparison(a, b, f"{measure} {GREEDY}", kind, primary=False, matched=True, **kw),
+          Comparison(a, b, f"{measure} {SAMPLED}", kind, primary=False, **kw))
 
 
 def expected_ratio(method: str) -> float:
@@ -56,18 +68,44 @@ def expected_ratio(method: str) -> float:
   return 0.25 if method.endswith("_quarter") else 1.0
 
 
-def _pairs(runs: dict, c: Comparison):
-  a = measures.per_seed(runs, c.a, c.measure)
-  b = measures.per_seed(runs, c.b, c.measure)
-  seeds = [s for s in sorted(set(a) & set(b)) if math.isfinite(a[s]) and math.isfinite(b[s])]
-  if c.form == "diff":
-    values = [a[s] - b[s] for s in seeds]
-  elif c.form == "relative":
-    values = [(a[s] - b[s]) / b[s] if b[s] else math.nan for s in seeds]
-  else:
-    values = [a[s] / b[s] if b[s] else math.nan for s in seeds]
-  kept = [(s, v) for s, v in zip(seeds, values) if math.isfinite(v)]
-  return [s for s, _ in kept], [v for _, v in kept]
+def matched_level(a: dict, b: dict, c: Comparison) -> float:
+  """The cumulative spent budget, in chain GRPO's units, at which one seed's runs `a` and `b`
+  of comparison `c` are both read: the smaller of their totals (NaN when either lacks one)."""
+  key = c.measure.partition(" ")[2]
+  totals = (measures.spent_at_end(a, key) / expected_ratio(c.a),
+            measures.spent_at_end(b, key) / expected_ratio(c.b))
+  return min(totals) if all(math.isfinite(t) for t in totals) else math.nan
+
+
+def _read(run: dict, method: str, c: Comparison, level: float | None) -> tuple[float, float]:
+  """One run's measure and the RL step it was read at: at the last eval, or at `level` (chain
+  GRPO's units) times the method's expected budget ratio when the comparison is matched."""
+  if level is None:
+    return measures.value(run, c.measure), math.nan
+  at = level * expected_ratio(method)
+  return (measures.value(run, c.measure, at),
+          measures.step_at_spent(run, c.measure.partition(" ")[2], at))
+
+
+def _effect(x: float, y: float, form: str) -> float:
+  if form == "diff":
+    return x - y
+  if not y:
+    return math.nan
+  return (x - y) / y if form == "relative" else x / y
+
+
+def _pairs(runs: dict, c: Comparison) -> list[tuple]:
+  """[(seed, effect, A's step read, B's step read)] over the seeds both ran, finite effects."""
+  a, b = runs[c.a], runs[c.b]
+  out = []
+  for s in sorted(set(a) & set(b)):
+    level = matched_level(a[s], b[s], c) if c.matched else None
+    (x, step_a), (y, step_b) = _read(a[s], c.a, c, level), _read(b[s], c.b, c, level)
+    effect = _effect(x, y, c.form)
+    if math.isfinite(effect):
+      out.append((s, effect, step_a, step_b))
+  return out
 
 
 def warm_start_mismatch(runs: dict, a: str, b: str, seeds) -> list:
@@ -82,15 +120,17 @@ def evaluate(runs: dict, c: Comparison) -> dict:
   missing = [m for m in (c.a, c.b) if m not in runs]
   if missing:
     return dict(comparison=c, missing=missing, verdict=stats.NOT_RUN, n=0, seeds=[])
-  seeds, values = _pairs(runs, c)
-  if not seeds:
+  pairs = _pairs(runs, c)
+  if not pairs:
     return dict(comparison=c, missing=[], verdict=stats.NOT_RUN, n=0, seeds=[],
                 note="no seed in common")
+  seeds, values, steps_a, steps_b = (list(col) for col in zip(*pairs))
   mean, low, high = stats.paired_bootstrap(values)
   return dict(comparison=c, missing=[], seeds=seeds, n=len(seeds), mean=mean, low=low,
               high=high, mde=stats.min_detectable_effect(values), values=values,
               verdict=stats.verdict(low, high, c.kind, c.margin, c.at),
-              mismatch=warm_start_mismatch(runs, c.a, c.b, seeds))
+              mismatch=warm_start_mismatch(runs, c.a, c.b, seeds),
+              read_at=(float(np.mean(steps_a)), float(np.mean(steps_b))) if c.matched else None)
 
 
 def budget_check(runs: dict, claim: Claim) -> list:

@@ -60,7 +60,9 @@ def build(summaries_dir: str, out_dir: str, notes: str | None = None) -> tuple[s
           "Rollout cost per prompt per step in the run's `rollout.budget_unit`: planned from the "
           "config (`tree_rl.rollout.budget.planned_cost`) and spent (`rollout/cost_per_prompt`, "
           "mean over steps). Equal-budget methods are meant to spend chain GRPO's budget, "
-          "`*_quarter` entries a quarter of it; a ratio more than 10% off is flagged.", "",
+          "`*_quarter` entries a quarter of it; a ratio more than 10% off is flagged. The "
+          "claims' success comparisons do not rest on this ratio: they read each seed's runs "
+          "at one cumulative spent budget (`claims.py`).", "",
           *tables.budget_table(runs), "",
           "## Held-out success", "", *tables.success_table(runs), "",
           "## Behaviour at the last evaluation", "", *tables.behaviour_table(runs), "",

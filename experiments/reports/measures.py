@@ -3,7 +3,9 @@ values, gains, final training values, trajectories per unit of budget; and the m
 
 A measure is named by a string: `gain KEY` (last eval minus the step-0 eval, the warm start),
 `final KEY` (last eval), `before KEY` (step-0 eval), `train KEY` (last training row having it),
-`trajectories_per_budget`. Missing values are NaN.
+`trajectories_per_budget`. Missing values are NaN. `gain` and `final` can instead be read at a
+cumulative spent budget (`value(..., spent=level)`): the eval curve of KEY against the eval rows'
+`spent` (cost per prompt since the warm start), linear between the two evals around `level`.
 """
 
 from __future__ import annotations
@@ -58,6 +60,34 @@ def gain(summary: dict, key: str) -> float:
   return final(summary, key) - before(summary, key)
 
 
+def _curve(summary: dict, key: str, y: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """(cumulative spent, y) at the evals logging KEY; y is KEY unless named."""
+  rows = [r for r in summary["evals"] if r.get(key) is not None and r.get("spent") is not None]
+  return (np.array([r["spent"] for r in rows], dtype=float),
+          np.array([r[y or key] for r in rows], dtype=float))
+
+
+def spent_at_end(summary: dict, key: str) -> float:
+  """The cumulative spent budget at the last eval of `key` (NaN without one)."""
+  spent, _ = _curve(summary, key)
+  return float(spent[-1]) if spent.size else math.nan
+
+
+def at_spent(summary: dict, key: str, level: float) -> float:
+  """KEY's eval curve read at cumulative spent budget `level` (linear between evals; NaN
+  beyond the last eval or before the first)."""
+  spent, values = _curve(summary, key)
+  if not spent.size or not spent[0] <= level <= spent[-1] * (1 + 1e-9):
+    return math.nan
+  return float(np.interp(min(level, spent[-1]), spent, values))
+
+
+def step_at_spent(summary: dict, key: str, level: float) -> float:
+  """The RL step (interpolated between evals) at which the run had spent `level`."""
+  spent, steps = _curve(summary, key, "step")
+  return float(np.interp(level, spent, steps)) if spent.size else math.nan
+
+
 def last_train(summary: dict, key: str) -> float:
   rows = [r for r in summary["train"] if r.get(key) is not None]
   return _num(rows[-1][key]) if rows else math.nan
@@ -76,11 +106,15 @@ def trajectories_per_budget(summary: dict) -> float:
   return sum(r["rollout/trajectories"] for r in rows) / (prompts * cost)
 
 
-def value(summary: dict, measure: str) -> float:
-  """The named measure of one run (module docstring)."""
+def value(summary: dict, measure: str, spent: float | None = None) -> float:
+  """The named measure of one run (module docstring); `gain` and `final` at cumulative spent
+  budget `spent` when given."""
   kind, _, key = measure.partition(" ")
   if kind == "trajectories_per_budget":
     return trajectories_per_budget(summary)
+  if spent is not None and kind in ("gain", "final"):
+    read = at_spent(summary, key, spent)
+    return read - before(summary, key) if kind == "gain" else read
   fn = {"gain": gain, "final": final, "before": before, "train": last_train}[kind]
   return fn(summary, key)
 

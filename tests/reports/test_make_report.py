@@ -9,7 +9,7 @@ import sys
 import pytest
 from report_fixtures import ROOT, summary, write_run, write_summaries
 
-from experiments.reports import claims, figures, make_report as report, measures
+from experiments.reports import claim_text, claims, figures, make_report as report, measures
 
 BEFORE = (0.5, 0.6, 0.7)   # each seed's warm start (sampled and greedy success), shared
 AFTER = {
@@ -58,19 +58,29 @@ def test_verdict_lines(built):
 
 def test_comparison_rows_by_hand(built):
   text = built[3]
-  # PATR - Tree-Random gains per seed: 0.04, 0.05, 0.02 -> mean 3.7 points; three seeds: the 95%
-  # interval is their range; MDE = (1.959964 + 0.841621) * sd / sqrt(3)
+  # PATR - Tree-Random gains per seed at the last evals: 0.04, 0.05, 0.02 -> mean 3.7 points;
+  # three seeds: the 95% interval is their range; MDE = (1.959964 + 0.841621) * sd / sqrt(3)
   sd = math.sqrt(sum((d - 0.11 / 3) ** 2 for d in (0.04, 0.05, 0.02)) / 2)
   mde = 100 * 2.801585 * sd / math.sqrt(3)
-  assert (f"| PATR - Tree-Random | gain in eval/sampled_success | > 0.0 points | 3 | [0, 1, 2] | "
-          f"+3.7 points | [+2.0 points, +5.0 points] | {mde:.1f} points | **holds** |") in text
-  assert "| PATR - Tree-Random | gain in eval/greedy_success (secondary) |" in text
+  assert (f"| PATR - Tree-Random | gain in eval/sampled_success at the last eval (secondary) | "
+          f"> 0.0 points | 3 | [0, 1, 2] | +3.7 points | [+2.0 points, +5.0 points] | "
+          f"{mde:.1f} points | (holds) |") in text
+  # matched: PATR spent 4 x 105 = 420, Tree-Random 400; both are read at 400, PATR on its line
+  # from the warm start, 400/420 of its 0.10 gain: effects 0.0952 - (0.06, 0.05, 0.08)
+  assert (f"| PATR - Tree-Random | gain in eval/sampled_success at matched spent budget | "
+          f"> 0.0 points | 3 | [0, 1, 2] | +3.2 points | [+1.5 points, +4.5 points] | "
+          f"{mde:.1f} points | **holds** |") in text
+  assert ("Read at matched spent budget (mean over seeds): PATR at step 4 and Tree-Random at step "
+          "4; Tree-Random at step 4 and chain GRPO at step 4.") in text
+  assert ("| PATR - Tree-Random | gain in eval/greedy_success at matched spent budget (secondary) |"
+          in text)
   assert ("| Tree-GRPO / chain GRPO | trajectories per budget | >= 1.35x | 3 | [0, 1, 2] | 1.50x | "
           "[1.50x, 1.50x] | 0.00x | **holds** |") in text
-  assert ("| Tree-GRPO, 1/4 budget - chain GRPO | gain in eval/sampled_success | > -5.0 points |"
-          in text)
-  assert ("| Tree-GRPO - Tree-GRPO inter-only | gain in eval/sampled_success | > 0.0 points | 0 | – | "
-          "– | – | – | **not run yet: no summaries of tree_grpo_inter** |") in text
+  assert ("| Tree-GRPO, 1/4 budget - chain GRPO | gain in eval/sampled_success at matched spent "
+          "budget | > -5.0 points |" in text)
+  assert ("| Tree-GRPO - Tree-GRPO inter-only | gain in eval/sampled_success at matched spent budget "
+          "| > 0.0 points | 0 | – | – | – | – | **not run yet: no summaries of tree_grpo_inter** |"
+          ) in text
   assert "PATR paper: +9.3 points PATR over GRPO (66.5% -> 75.8%)." in text
   assert "PATR 1.05 (meant 1), Tree-Random 1.00 (meant 1)" in text
 
@@ -105,10 +115,45 @@ def test_budget_premise_flag_and_loose_pairing(tmp_path):
   directory = fixture(str(tmp_path / "runs"), after, kw)
   write_summaries(directory, [summary("tree_random", 1, 0.55, 0.60)])   # another warm start
   _, overview = report.build(directory, str(tmp_path / "out"))
-  assert overview[0] == ("- a. PATR > Tree-Random > GRPO at equal budget: **holds** "
-                         "(budget premise not met: PATR)")
+  # PATR spends 1.3x per step, and the primary rows compare matched spent budgets (no flag):
+  # PATR is read at 400 of its 520, 0.1 x 400/520 = 0.077 against Tree-Random's 0.08 on seed 2,
+  # so the claim that held at equal steps is inconclusive at equal spent budget
+  assert overview[0] == "- a. PATR > Tree-Random > GRPO at equal budget: **inconclusive**"
   text = open(tmp_path / "out" / "frozenlake.md").read()
+  assert "PATR 1.30 (meant 1, **off by more than 10%**)" in text
+  assert "so they compare equal spent budgets" in text
+  # PATR is read where it had spent Tree-Random's 400: step 400 / 130 = 3.08
+  assert "PATR at step 3 and Tree-Random at step 4" in text
   assert "Seeds [1] of PATR - Tree-Random logged different step-0 evals" in text
+
+
+def test_unmatched_claims_keep_the_budget_flag():
+  runs = {m: {s: summary(m, s, BEFORE[s], AFTER[m][s], **KW.get(m, {})) for s in range(3)}
+          for m in ("grpo", "tree_grpo")}
+  runs["tree_grpo"] = {s: summary("tree_grpo", s, BEFORE[s], 0.9, spent=150.0) for s in range(3)}
+  claim = claims.Claim("x", "equal steps", (claims.Comparison("tree_grpo", "grpo",
+                       f"gain {claims.SAMPLED}", "greater"),), budget=(("tree_grpo", 1.0),))
+  assert claim_text.overview_line(claims.assess(runs, claim)) == (
+      "- x. equal steps: **holds** (budget premise not met: Tree-GRPO)")
+
+
+def test_reading_curves_at_a_spent_budget():
+  s = summary("grpo", 0, 0.5, 0.9)
+  s["evals"] = [{"step": t, "spent": c, claims.SAMPLED: v}
+                for t, c, v in ((0, 0.0, 0.5), (10, 100.0, 0.7), (20, 200.0, 0.8))]
+  assert measures.at_spent(s, claims.SAMPLED, 150.0) == pytest.approx(0.75)
+  assert measures.value(s, f"gain {claims.SAMPLED}", spent=50.0) == pytest.approx(0.1)
+  assert math.isnan(measures.at_spent(s, claims.SAMPLED, 200.5))     # beyond the last eval
+  assert measures.step_at_spent(s, claims.SAMPLED, 150.0) == pytest.approx(15.0)
+  # a quarter-budget run's spending counts four times: 60 -> 240 > chain's 200; read at 200
+  # chain-units, i.e. where the quarter run had spent 50
+  quarter = summary("tree_grpo_quarter", 0, 0.5, 0.9, spent=15.0)   # 4 steps x 15 = 60
+  c = claims.Comparison("tree_grpo_quarter", "grpo", f"gain {claims.SAMPLED}", "not_less",
+                        matched=True)
+  assert claims.matched_level(quarter, s, c) == pytest.approx(200.0)
+  r = claims.evaluate({"grpo": {0: s}, "tree_grpo_quarter": {0: quarter}}, c)
+  assert r["values"] == [pytest.approx(0.4 * 50 / 60 - 0.3)]
+  assert r["read_at"] == (pytest.approx(4 * 50 / 60), pytest.approx(20.0))
 
 
 def test_gain_curve_and_measures():
