@@ -112,12 +112,12 @@ def frozenlake_tasks(config, tokenizer, directory) -> TaskSet:
 
 
 def toolcall_tasks(config, tokenizer, directory) -> TaskSet:
-  from tree_rl.data import ToolcallQa, ToolcallQaConfig, load_kb
+  from tree_rl.data import ToolcallQa, load_kb, scaled_config
 
-  name = f"seed{int(config.env.data_seed)}"
-  ToolcallQa(data_dir=directory, config=ToolcallQaConfig(name=name, seed=int(config.env.data_seed))
-             ).download_and_prepare(file_format="array_record")
-  kb = load_kb(directory, config=name)
+  builder_config = scaled_config(int(config.env.data_seed), int(config.env.kb_scale))
+  ToolcallQa(data_dir=directory, config=builder_config).download_and_prepare(
+      file_format="array_record")
+  kb = load_kb(directory, config=builder_config.name)
   make = lambda split: envs.from_config(config, tokenizer, split=split, kb=kb)  # noqa: E731
   train_env, test_env = make("train"), make("test")
   states = lambda env, n: light_jit(jax.vmap(env.init_state))(jnp.arange(n, dtype=jnp.int32))

@@ -4,9 +4,10 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from tree_rl.data import (FrozenLakeMaps, FrozenLakeMapsConfig, ToolcallQa, ToolcallQaConfig,
-                          load_frozenlake_maps, load_kb)
+                          load_frozenlake_maps, load_kb, scaled_config)
 from tree_rl.envs import frozenlake as fl
 from tree_rl.envs import toolcall as tc
 from tree_rl.envs.toolcall_kb import generate_kb
@@ -44,6 +45,21 @@ def test_toolcall_qa_build_and_read(tmp_path, builtin_tok):
   assert kb.facts == ref.facts and kb.test == ref.test and kb.train == ref.train
   env = tc.ToolCallEnv(builtin_tok, split="test", kb=kb)
   assert env.num_questions == 10
+
+
+def test_a_scaled_toolcall_kb_has_scale_times_the_entities_and_the_same_held_out_size(tmp_path):
+  one, two = scaled_config(5), scaled_config(5, 2)
+  assert (one.name, two.name) == ("seed5", "seed5_x2")
+  assert (two.num_people, two.num_cities, two.num_countries, two.num_companies, two.num_test) == (
+      2 * one.num_people, 2 * one.num_cities, 2 * one.num_countries, 2 * one.num_companies,
+      one.num_test)
+  ToolcallQa(data_dir=str(tmp_path), config=two).download_and_prepare(file_format="array_record")
+  kb, ref = load_kb(str(tmp_path), config="seed5_x2"), generate_kb(5, 120, 60, 20, 40)
+  assert kb.facts == ref.facts and kb.train == ref.train and len(kb.test) == 100
+  # every relation has one fact per subject entity: twice the entities, twice the facts
+  assert len(kb.facts) == 2 * len(generate_kb(5).facts)
+  with pytest.raises(ValueError, match="scale must be an integer >= 1"):
+    scaled_config(5, 0)
 
 
 def test_a_job_waits_while_another_prepares_the_data_dir(tmp_path):

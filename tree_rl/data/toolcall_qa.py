@@ -28,6 +28,17 @@ class ToolcallQaConfig(tfds.core.BuilderConfig):
   max_hops: int = 3
 
 
+def scaled_config(seed: int, scale: int = 1) -> ToolcallQaConfig:
+  """The builder config of the KB generated from `seed` with every entity count times `scale`
+  (named `seed{seed}`, or `seed{seed}_x{scale}`); the held-out split stays `num_test` questions."""
+  if int(scale) < 1:
+    raise ValueError(f"the toolcall KB scale must be an integer >= 1, got {scale}")
+  config = ToolcallQaConfig(name=f"seed{seed}" + (f"_x{scale}" if scale > 1 else ""), seed=seed)
+  for field in ("num_people", "num_cities", "num_countries", "num_companies"):
+    setattr(config, field, getattr(config, field) * scale)
+  return config
+
+
 class ToolcallQa(LocalBuilder):
   """Facts ("text") and questions ("question", "answer", "hops", "needed", "queries")."""
 
