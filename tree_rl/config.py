@@ -211,6 +211,8 @@ def base_config() -> ml_collections.ConfigDict:
       hard_fraction=0.0,        # share of demos starting where the right move needs the state read
                                 # (FrozenLake: next to a hole), drawn from 8x as many episodes; 0 = as generated
       max_len=256,              # tokens per demo sequence (prompt, replies, observations); longer are cut
+      pack=False,               # pack several whole demos into each max_len row (each attends within itself
+                                # from position 0): fewer padded tokens; batch_size counts rows either way
       steps=100,                # SFT updates
       batch_size=16,            # demo sequences per update
       learning_rate=3e-3,       # AdamW peak learning rate

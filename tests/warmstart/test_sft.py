@@ -21,7 +21,7 @@ def test_sft_step_traces_once(tok, small_env):
   trainer.step_fn = jax.jit(chex.assert_max_traces(trainer._step, n=1), donate_argnums=(0, 1))
   before = jax.tree.map(np.asarray, trainer.params)
   for s in range(3):
-    loss = trainer.step(demos.tokens, demos.loss_mask, jnp.arange(4) + s)
+    loss = trainer.step(warmstart.one_per_row(demos), jnp.arange(4) + s)
     assert np.isfinite(float(loss))
   changed = jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)), before, trainer.params)
   assert all(jax.tree.leaves(changed))
@@ -32,7 +32,7 @@ def test_sft_loss_is_masked_mean_nll(tok):
   model = _model(tok, seed=3)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, tok.vocab_size, (2, 12)), jnp.int32)
   mask = jnp.zeros((2, 12)).at[0, 3:5].set(1.0).at[1, 9].set(1.0)
-  loss, n = warmstart.sft_loss(model, tokens, mask, attention="einsum")
+  loss, n = warmstart.sft_loss(model, warmstart.SFTRows(tokens, mask), attention="einsum")
   logp = jax.nn.log_softmax(model(tokens), -1)
   want = -(logp[0, 2, tokens[0, 3]] + logp[0, 3, tokens[0, 4]] + logp[1, 8, tokens[1, 9]]) / 3
   assert float(n) == 3 and float(loss) == pytest.approx(float(want), rel=1e-5)

@@ -8,5 +8,6 @@ so a notebook can add one for a new environment.
 
 from tree_rl.warmstart.experts import Expert, make_expert, registered_experts
 from tree_rl.warmstart.demos import DemoGenerator, Demos, ReplyTable
+from tree_rl.warmstart.rows import SFTRows, one_per_row, pack
 from tree_rl.warmstart.sft import SFTTrainer, draw_demos, make_optimizer, sft_loss, validate, warm_start
 from tree_rl.warmstart.greedy import first_move_accuracy, first_move_hits, greedy_replies, turn_hits

@@ -108,7 +108,7 @@ def main(argv=None):
   for step in range(1, w.steps + 1):
     idx = jax.random.randint(jax.random.fold_in(k_train, step), (w.batch_size,), 0, w.num_demos)
     t = time.perf_counter()
-    loss = float(trainer.step(demos.tokens, demos.loss_mask, idx))
+    loss = float(trainer.step(warmstart.one_per_row(demos), idx))
     train_s += time.perf_counter() - t
     losses.append(loss)
     if step % w.eval_every == 0 or step == w.steps:

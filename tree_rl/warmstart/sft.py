@@ -20,6 +20,7 @@ from tree_rl import console, optim
 from tree_rl.learner.logprobs import ATTENTION, sequence_logprobs
 from tree_rl.warmstart.demos import DemoGenerator, Demos
 from tree_rl.warmstart.experts import make_expert
+from tree_rl.warmstart.rows import SFTRows, one_per_row, pack
 
 
 def validate(w) -> None:
@@ -57,15 +58,17 @@ def make_optimizer(w) -> optax.GradientTransformation:
   return optim.adamw(lr, grad_clip=w.grad_clip, weight_decay=w.weight_decay)
 
 
-def sft_loss(model, tokens, loss_mask, attention: str = "auto"):
-  """(mean negative log-likelihood of the masked tokens, number of masked tokens)."""
-  logp, _ = sequence_logprobs(model, tokens, attention=attention)
-  n = jnp.sum(loss_mask)
-  return -jnp.sum(logp * loss_mask) / jnp.maximum(n, 1.0), n
+def sft_loss(model, rows: SFTRows, attention: str = "auto"):
+  """(mean negative log-likelihood of the masked tokens, number of masked tokens); packed rows
+  attend within each demo, at its own positions."""
+  logp, _ = sequence_logprobs(model, rows.tokens, positions=rows.positions,
+                              attention_mask=rows.attention_mask(), attention=attention)
+  n = jnp.sum(rows.loss_mask)
+  return -jnp.sum(logp * rows.loss_mask) / jnp.maximum(n, 1.0), n
 
 
 class SFTTrainer:
-  """Holds the split model and the jitted step `(params, opt_state, tokens, mask, idx)`."""
+  """Holds the split model and the jitted step `(params, opt_state, rows, idx)`."""
 
   def __init__(self, model: nnx.Module, w):
     self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
@@ -77,32 +80,32 @@ class SFTTrainer:
     self.batch_size = int(w.batch_size)
     self.step_fn = jax.jit(self._step, donate_argnums=(0, 1))
     self._copy = jax.jit(lambda p: jax.tree.map(lambda a, d: jnp.copy(a.astype(d)), p, self.dtypes))
-    self._rows = jax.jit(lambda key, step, pool: jax.random.randint(
+    self._draw = jax.jit(lambda key, step, pool: jax.random.randint(
         jax.random.fold_in(key, step), (self.batch_size,), 0, pool), static_argnums=(2,))
 
   def _fresh(self, params):
     params = jax.tree.map(_to_master, params)
     return params, self.tx.init(params)
 
-  def _step(self, params, opt_state, tokens, loss_mask, idx):
+  def _step(self, params, opt_state, rows, idx):
     def loss_fn(p):
       model = nnx.merge(self.graphdef, p, self.rest)
-      return sft_loss(model, tokens[idx], loss_mask[idx], self.attention)
+      return sft_loss(model, rows.take(idx), self.attention)
 
     (loss, n), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = self.tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  def step(self, tokens, loss_mask, idx) -> jax.Array:
-    """One update on rows `idx` of the demo pool; returns the loss (a device scalar)."""
-    self.params, self.opt_state, loss = self.step_fn(self.params, self.opt_state, tokens,
-                                                     loss_mask, idx)
+  def step(self, rows: SFTRows, idx) -> jax.Array:
+    """One update on rows `idx` of the pool (`rows.SFTRows`); returns the loss (a device
+    scalar)."""
+    self.params, self.opt_state, loss = self.step_fn(self.params, self.opt_state, rows, idx)
     return loss
 
-  def rows(self, key, step: int, pool: int) -> jax.Array:
+  def draw(self, key, step: int, pool: int) -> jax.Array:
     """The `batch_size` demo rows of step `step`: uniform over [0, pool), drawn with
     fold_in(key, step) (one program for every step)."""
-    return self._rows(key, np.int32(step), pool)
+    return self._draw(key, np.int32(step), pool)
 
   def params_state(self) -> nnx.State:
     """A copy of the trained Params (an nnx.State) in the model's own parameter dtypes; later
@@ -160,7 +163,8 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   stopped_early (all of the returned attempt), attempt (its index), attempt_evals (every
   attempt's evals), demo_success / demo_return / demo_tokens / demo_truncated / demo_hard (the
   share of demos starting where the right move needs the state read, `Expert.hard`:
-  `warmstart.hard_fraction` oversamples them), seconds (demo generation, training). The model
+  `warmstart.hard_fraction` oversamples them), rows (SFT rows: one per demo, fewer when
+  `warmstart.pack`), seconds (demo generation and packing, training). The model
   itself is not changed. With `warmstart.enabled=False` the model's Params come back untouched.
   """
   w = config.warmstart
@@ -179,12 +183,13 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   if not np.asarray(demos.loss_mask).any():
     raise ValueError("the warm-start demos hold no trained reply tokens: raise warmstart.max_len "
                      f"(={w.max_len}) above the prompt length or lower warmstart.epsilon")
+  rows = pack(demos, tokenizer.pad_id) if w.pack else one_per_row(demos)
   t1 = time.perf_counter()
   tries = []
   for attempt in range(int(w.attempts) if evaluate is not None else 1):
     start = model if attempt == 0 or fresh_model is None else fresh_model(attempt)
     order = k_train if attempt == 0 else jax.random.fold_in(k_train, attempt)
-    tries.append(_train(config, start, demos, order, evaluate))
+    tries.append(_train(config, start, rows, order, evaluate))
     if tries[-1]["stopped_early"]:
       break
   # the attempt that met the target (the last one run), else the best check of all
@@ -197,24 +202,24 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
                attempt=chosen, attempt_evals=[t["evals"] for t in tries],
                demo_success=float(np.mean(success)), demo_return=float(np.mean(reward)),
                demo_tokens=float(np.mean(length)), demo_truncated=float(np.mean(truncated)),
-               demo_hard=float(np.mean(jax.device_get(demos.hard))),
+               demo_hard=float(np.mean(jax.device_get(demos.hard))), rows=rows.num_rows,
                seconds=dict(demos=t1 - t0, train=time.perf_counter() - t1))
   return run["params"], stats
 
 
-def _train(config, model, demos: Demos, key, evaluate) -> dict[str, Any]:
+def _train(config, model, rows: SFTRows, key, evaluate) -> dict[str, Any]:
   """One SFT attempt from `model`'s params: up to `warmstart.steps` updates with checks; its
   params (the best check's, or the last step's without checks), best success, loss, evals."""
   w = config.warmstart
   trainer = SFTTrainer(model, w)
   losses, evals, stopped = [], [], False
   best = None                                     # (success, step, params) of the best check
-  n = int(w.num_demos)
+  n = rows.num_rows
   step = 0
   bar = console.progress(config, int(w.steps), "warm start")
   for step in range(1, int(w.steps) + 1):
     bar.update(1)
-    losses.append(trainer.step(demos.tokens, demos.loss_mask, trainer.rows(key, step, n)))
+    losses.append(trainer.step(rows, trainer.draw(key, step, n)))
     if evaluate is not None and step % int(w.eval_every) == 0:
       params = trainer.params_state()
       success = float(evaluate(params))
