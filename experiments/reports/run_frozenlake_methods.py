@@ -110,7 +110,8 @@ def main(argv=None):
               for seed, runs in by_seed.items()]:
       f.result()
   for name in names:
-    summaries.write_summaries(os.path.join(args.root, name), args.summaries)
+    if os.path.isdir(os.path.join(args.root, name)):    # a sweep none of whose runs were picked has none
+      summaries.write_summaries(os.path.join(args.root, name), args.summaries)
   make_report.main(["--summaries", args.summaries, "--out_dir", args.out_dir])
 
 

@@ -93,3 +93,19 @@ def test_entries_pick_arms_and_an_unknown_one_is_one_clear_error(monkeypatch, ca
   with pytest.raises(SystemExit):
     runner.main(["--sweep", "frozenlake_reproduction", "--entries", "tree_grpo_quartr"])
   assert "--entries ['tree_grpo_quartr'] are not entries" in capsys.readouterr().err
+
+
+def test_a_sweep_with_no_picked_runs_is_not_summarized(tmp_path, monkeypatch):
+  """`--entries patr` over both report sweeps trains nothing of the ablations: their root never
+  exists, and the runner summarizes only the sweeps that ran (it died there before)."""
+  root = tmp_path / "runs"
+  def run_seed(runs, root_dir, extra, summaries_dir, others):
+    for r in runs:
+      os.makedirs(r.workdir(root_dir), exist_ok=True)
+  summarized = []
+  monkeypatch.setattr(runner, "run_seed", run_seed)
+  monkeypatch.setattr(runner.summaries, "write_summaries", lambda runs, out: summarized.append(runs))
+  monkeypatch.setattr(runner.make_report, "main", lambda *a: None)
+  runner.main(["--root", str(root), "--sweep", "frozenlake_reproduction", "--sweep",
+               "frozenlake_ablations", "--seeds", "1", "--entries", "patr"])
+  assert summarized == [str(root / "frozenlake_reproduction")]
