@@ -52,6 +52,8 @@ def _row(r: dict) -> str:
     low, high = amount(r["low"], c.unit, c.form != "ratio"), amount(r["high"], c.unit, c.form != "ratio")
     cells = [str(r["n"]), str(r["seeds"]), amount(r["mean"], c.unit, c.form != "ratio"), f"[{low}, {high}]",
              amount(r["mde"], c.unit, sign=False)]
+    if r.get("note"):
+      verdict = f"{verdict}: {r['note']}"
   verdict = f"**{verdict}**" if c.primary else f"({verdict})"
   return f"| {_subject(c)} | {_measure(c)} | {_claimed(c)} | " + " | ".join(cells) + f" | {verdict} |"
 
@@ -115,8 +117,9 @@ VERDICT_RULES = (
     f"when the whole interval is above x and **{stats.FAILS}** when it lies at or below x (`< x` "
     f"mirrors it); the non-inferiority forms (`> -margin`, `< +margin`) hold when the interval "
     f"clears the margin and do not hold when it lies wholly on the wrong side of 0; anything "
-    f"else (and one seed) is **{stats.UNSURE}**. A claim holds when all its primary comparisons "
-    f"hold. MDE: the smallest true effect a two-sided test at 5% finds with 80% power at this "
+    f"else (and fewer than {stats.MIN_SEEDS} seeds: with 2 the interval is the range of two "
+    f"values, which contains the true median effect half the time) is **{stats.UNSURE}**. A "
+    f"claim holds when all its primary comparisons hold. MDE: the smallest true effect a two-sided test at 5% finds with 80% power at this "
     f"many seeds, (1.96 + 0.84) x sd / sqrt(n). With 3 seeds the bootstrap interval is exactly "
     f"the range of the per-seed effects (it under-covers; a `> 0` claim holds only when every "
     f"seed agrees): read it with the MDE.")

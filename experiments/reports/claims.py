@@ -126,9 +126,12 @@ def evaluate(runs: dict, c: Comparison) -> dict:
                 note="no seed in common")
   seeds, values, steps_a, steps_b = (list(col) for col in zip(*pairs))
   mean, low, high = stats.paired_bootstrap(values)
+  few = len(seeds) < stats.MIN_SEEDS
   return dict(comparison=c, missing=[], seeds=seeds, n=len(seeds), mean=mean, low=low,
               high=high, mde=stats.min_detectable_effect(values), values=values,
-              verdict=stats.verdict(low, high, c.kind, c.margin, c.at),
+              verdict=stats.UNSURE if few else stats.verdict(low, high, c.kind, c.margin, c.at),
+              note=f"{len(seeds)} seed{'s' * (len(seeds) > 1)}, a verdict needs "
+                   f"{stats.MIN_SEEDS}" if few else "",
               mismatch=warm_start_mismatch(runs, c.a, c.b, seeds),
               read_at=(float(np.mean(steps_a)), float(np.mean(steps_b))) if c.matched else None)
 

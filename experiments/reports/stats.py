@@ -11,6 +11,8 @@ so a claim of a positive effect holds only when every seed agrees. Read it toget
 minimal detectable effect (`min_detectable_effect`): an effect smaller than the MDE cannot be
 told from noise at this seed count.
 
+A comparison over fewer than `MIN_SEEDS` (3) seeds is inconclusive whatever its interval.
+
 Verdicts (`verdict(low, high, kind, margin, at)`), on the 95% interval [low, high] of the effect
 against a reference `at` (0 for a difference); the rules are checked in the order written, and a
 NaN bound (one seed, or no data) is always inconclusive:
@@ -33,6 +35,9 @@ import math
 import numpy as np
 
 HOLDS, FAILS, UNSURE, NOT_RUN = "holds", "does not hold", "inconclusive", "not run yet"
+# Fewest seeds for a verdict other than inconclusive: with 2, the percentile interval is the range
+# of two values, which contains the true median effect half the time (with 3, 75% of the time).
+MIN_SEEDS = 3
 KINDS = ("greater", "less", "not_less", "not_greater", "at_least")
 Z_ALPHA, Z_POWER = 1.959964, 0.841621   # z of 1 - 0.05/2 and of 0.8
 

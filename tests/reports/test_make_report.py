@@ -190,7 +190,8 @@ def test_mixed_envs_are_refused(tmp_path):
 def test_cli_end_to_end(tmp_path):
   """Run directories -> summaries CLI -> report CLI, as run_frozenlake_methods does."""
   runs, out = str(tmp_path / "sweep"), str(tmp_path / "out")
-  for method, gains in (("grpo", (0.0, 0.1)), ("tree_random", (0.1, 0.2)), ("patr", (0.2, 0.3))):
+  for method, gains in (("grpo", (0.0, 0.1, 0.0)), ("tree_random", (0.1, 0.2, 0.15)),
+                        ("patr", (0.2, 0.3, 0.25))):
     for seed, g in enumerate(gains):
       write_run(runs, f"{method}_seed{seed}", [
           {"step": 0, "eval/sampled_success": 0.5, "eval/greedy_success": 0.5},
@@ -210,4 +211,14 @@ def test_cli_end_to_end(tmp_path):
   assert sorted(os.listdir(tmp_path / "s"))[0] == "grpo_seed0.json"
   text = open(os.path.join(out, "frozenlake.md")).read()
   # planned: 4 chains x 160 tokens; spent: (300 + 340) / 2 per step
-  assert "| chain GRPO | [0, 1] | 2 | generated | 640 ± 0 | 320 ± 0 |" in text
+  assert "| chain GRPO | [0, 1, 2] | 2 | generated | 640 ± 0 | 320 ± 0 |" in text
+
+
+def test_two_seeds_that_agree_are_inconclusive(tmp_path):
+  write_summaries(str(tmp_path), [summary(m, s, 0.5, after) for s in range(2)
+                                  for m, after in (("grpo", 0.5), ("tree_random", 0.6),
+                                                   ("patr", 0.7))])
+  path, overview = report.build(str(tmp_path), str(tmp_path / "out"))
+  assert overview[0] == "- a. PATR > Tree-Random > GRPO at equal budget: **inconclusive**"
+  assert ("| +10.0 points | [+10.0 points, +10.0 points] | 0.0 points | **inconclusive: 2 seeds, "
+          "a verdict needs 3** |") in open(path).read()
