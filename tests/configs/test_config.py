@@ -89,9 +89,11 @@ def test_the_toolcall_testbed_keeps_the_expert_demos_whole():
   from tree_rl.models.tokenizers import make_tokenizer
   from tree_rl.warmstart.demos import DemoGenerator
   from tree_rl.warmstart.experts import make_expert
-  w = toolcall.get_config("algo=grpo,testbed").warmstart
+  from tree_rl.data import kb_of, scaled_config
+  c = toolcall.get_config("algo=grpo,testbed")
+  w = c.warmstart
   tok = make_tokenizer()
-  env = ToolCallEnv(tok)
+  env = ToolCallEnv(tok, kb=kb_of(scaled_config(int(c.env.data_seed), int(c.env.kb_scale))))
   gen = DemoGenerator(env, tok, make_expert("toolcall", env, w.epsilon), max_len=w.max_len,
                       loss_on_noise=w.loss_on_noise)
   demos = gen(jax.random.key(1), 512)

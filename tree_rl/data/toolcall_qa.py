@@ -28,6 +28,12 @@ class ToolcallQaConfig(tfds.core.BuilderConfig):
   max_hops: int = 3
 
 
+def kb_of(c: ToolcallQaConfig) -> KnowledgeBase:
+  """The KnowledgeBase a builder config generates (what the prepared dataset stores)."""
+  return generate_kb(c.seed, c.num_people, c.num_cities, c.num_countries, c.num_companies,
+                     c.num_test, c.min_hops, c.max_hops)
+
+
 def scaled_config(seed: int, scale: int = 1) -> ToolcallQaConfig:
   """The builder config of the KB generated from `seed` with every entity count times `scale`
   (named `seed{seed}`, or `seed{seed}_x{scale}`); the held-out split stays `num_test` questions."""
@@ -59,9 +65,7 @@ class ToolcallQa(LocalBuilder):
         description="Synthetic multi-hop QA over a generated knowledge base.")
 
   def _kb(self) -> KnowledgeBase:
-    c = self.builder_config
-    return generate_kb(c.seed, c.num_people, c.num_cities, c.num_countries, c.num_companies,
-                       c.num_test, c.min_hops, c.max_hops)
+    return kb_of(self.builder_config)
 
   def _split_generators(self, dl_manager):
     kb = self._kb()
