@@ -119,11 +119,6 @@ def value(summary: dict, measure: str, spent: float | None = None) -> float:
   return fn(summary, key)
 
 
-def per_seed(runs: dict, method: str, measure: str) -> dict:
-  """{seed: value} of one method."""
-  return {seed: value(s, measure) for seed, s in runs.get(method, {}).items()}
-
-
 def mean_sd(values) -> tuple[float, float]:
   """Mean and sample sd (ddof=1; NaN for one value) of the finite values."""
   x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
