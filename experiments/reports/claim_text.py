@@ -119,7 +119,8 @@ VERDICT_RULES = (
     f"clears the margin and do not hold when it lies wholly on the wrong side of 0; anything "
     f"else (and fewer than {stats.MIN_SEEDS} seeds: with 2 the interval is the range of two "
     f"values, which contains the true median effect half the time) is **{stats.UNSURE}**. A "
-    f"claim holds when all its primary comparisons hold. MDE: the smallest true effect a two-sided test at 5% finds with 80% power at this "
-    f"many seeds, (1.96 + 0.84) x sd / sqrt(n). With 3 seeds the bootstrap interval is exactly "
+    f"claim holds when all its primary comparisons hold. MDE: the smallest true effect a "
+    f"two-sided test at 5% finds with 80% power at this many seeds, (1.96 + 0.84) x sd / "
+    f"sqrt(n). With 3 seeds the bootstrap interval is exactly "
     f"the range of the per-seed effects (it under-covers; a `> 0` claim holds only when every "
     f"seed agrees): read it with the MDE.")

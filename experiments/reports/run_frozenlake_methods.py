@@ -11,9 +11,9 @@ its step-0 eval row), which continues exactly as a run from scratch would (resum
 exact); a run directory of an earlier sitting that still holds its warm start gives it too,
 and a run that saved no checkpoint yet gets it. Runs already summarized in `--summaries` are
 skipped, so a reproduction longer than one session continues in the next. Seeds run in
-parallel processes; arguments after `--` are added to every run (e.g. a shorter schedule). Finally each finished run's summary is written into `--summaries`
-(`summaries.py`, committed with the report) and `make_report` builds the report from that
-directory.
+parallel processes; arguments after `--` are added to every run (e.g. a shorter schedule).
+Finally each finished run's summary is written into `--summaries` (`summaries.py`, committed
+with the report) and `make_report` builds the report from that directory.
 """
 
 from __future__ import annotations

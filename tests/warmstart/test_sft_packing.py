@@ -71,3 +71,6 @@ def test_packed_warm_start_trains_on_fewer_rows(tok, small_env):
   _, stats = warmstart.warm_start(c, _model(tok), tok, small_env, jax.random.key(0))
   assert stats["steps"] == 3 and all(np.isfinite(stats["loss"]))
   assert stats["demo_tokens"] < 256 and stats["rows"] < 16, stats["demo_tokens"]
+  # packed, the rows hold the demos' tokens with less padding than one demo per 512-token row
+  assert stats["row_fill"] == pytest.approx(16 * stats["demo_tokens"] / (stats["rows"] * 512))
+  assert stats["row_fill"] > stats["demo_tokens"] / 512

@@ -26,6 +26,10 @@ class SFTRows:
   def num_rows(self) -> int:
     return int(self.tokens.shape[0])
 
+  def fill(self, real_tokens: int) -> float:
+    """Real demo tokens over the tokens an SFT pass over every row executes."""
+    return float(real_tokens) / float(self.tokens.size)
+
   def take(self, idx) -> "SFTRows":
     return jax.tree.map(lambda x: x[idx], self)
 
@@ -70,7 +74,6 @@ def pack(demos, pad_id: int) -> SFTRows:
     count[row] += 1
     out_tokens[row, start:start + k] = tokens[i, :k]
     out_mask[row, start:start + k] = mask[i, :k]
-    out_mask[row, start] = 0.0
     positions[row, start:start + k] = np.arange(k)
     segments[row, start:start + k] = count[row]
   return SFTRows(*(jnp.asarray(x) for x in (out_tokens, out_mask, positions, segments)))

@@ -103,7 +103,7 @@ class SFTTrainer:
     return loss
 
   def draw(self, key, step: int, pool: int) -> jax.Array:
-    """The `batch_size` demo rows of step `step`: uniform over [0, pool), drawn with
+    """The `batch_size` rows of step `step`: uniform over [0, pool), drawn with
     fold_in(key, step) (one program for every step)."""
     return self._draw(key, np.int32(step), pool)
 
@@ -164,7 +164,7 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   attempt's evals), demo_success / demo_return / demo_tokens / demo_truncated / demo_hard (the
   share of demos starting where the right move needs the state read, `Expert.hard`:
   `warmstart.hard_fraction` oversamples them), rows (SFT rows: one per demo, fewer when
-  `warmstart.pack`), seconds (demo generation and packing, training). The model
+  `warmstart.pack`), row_fill (real demo tokens over the rows' tokens), seconds (demo generation and packing, training). The model
   itself is not changed. With `warmstart.enabled=False` the model's Params come back untouched.
   """
   w = config.warmstart
@@ -203,6 +203,7 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
                demo_success=float(np.mean(success)), demo_return=float(np.mean(reward)),
                demo_tokens=float(np.mean(length)), demo_truncated=float(np.mean(truncated)),
                demo_hard=float(np.mean(jax.device_get(demos.hard))), rows=rows.num_rows,
+               row_fill=rows.fill(int(np.sum(length))),
                seconds=dict(demos=t1 - t0, train=time.perf_counter() - t1))
   return run["params"], stats
 
