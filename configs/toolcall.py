@@ -70,6 +70,7 @@ def _testbed(c):
   c.learner.row_tokens, c.learner.microbatch_rows, c.learner.microbatches = 1152, 4, 1
   # at 3e-4 the first candidate's greedy success fell from 0.29 to 0.05 within 40 steps
   c.learner.learning_rate = 1e-4
-  c.train.num_steps = 200
+  # at 200 steps every arm of seed 0 still rose (chain GRPO 0.12 -> 0.59 held-out sampled)
+  c.train.num_steps = 300
   c.train.eval_every = 20
   c.train.eval_samples = 4
