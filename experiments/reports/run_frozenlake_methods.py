@@ -67,7 +67,7 @@ def run_seed(runs: list, root: str, extra: list[str], summaries_dir: str = "",
                  if _has_warm_start(run.workdir(root))), None)
   for run in runs:
     workdir = run.workdir(root)
-    if os.path.exists(os.path.join(workdir, "summary.json")) or (
+    if summaries.finished(workdir) or (
         summaries_dir and os.path.exists(os.path.join(summaries_dir, f"{run.name}.json"))):
       continue
     if source is not None and not _has_checkpoint(workdir):   # nothing of its own to resume

@@ -157,10 +157,20 @@ def summarize(run_dir: str, method: str | None = None, seed: int | None = None) 
   return rounded(out)
 
 
+def finished(run_dir: str) -> bool:
+  """Whether the run in `run_dir` ran all its steps: its summary.json does not say it stopped
+  early (a run stopped by a signal writes one too, and resumes when started again)."""
+  path = os.path.join(run_dir, "summary.json")
+  if not os.path.exists(path):
+    return False
+  with open(path) as f:
+    return not json.load(f).get("stopped_early", False)
+
+
 def finished_runs(root: str) -> list[str]:
-  """The run directories `ENTRY_seedS` under `root` that finished (hold summary.json), sorted."""
+  """The run directories `ENTRY_seedS` under `root` that finished (`finished`), sorted."""
   return [os.path.join(root, n) for n in sorted(os.listdir(root))
-          if _RUN.match(n) and os.path.exists(os.path.join(root, n, "summary.json"))]
+          if _RUN.match(n) and finished(os.path.join(root, n))]
 
 
 def write_summaries(root: str, out: str, prefix: str = "", rename: dict | None = None) -> list[str]:

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from experiments.reports import run_frozenlake_methods as runner
+from experiments.reports import summaries
 from experiments.sweeps.core import Sweep
 
 FL = "configs/frozenlake.py:algo=patr"
@@ -53,6 +54,21 @@ def test_one_warm_start_per_seed_and_summarized_runs_skipped(tmp_path, monkeypat
   trained.clear()
   runner.run_seed(runs, root, [], str(summaries))   # everything done: nothing trains
   assert trained == []
+
+
+def test_a_run_stopped_early_is_resumed_and_not_summarized(tmp_path, monkeypatch):
+  sweep = Sweep("main", FL, {"a": {}}, seeds=(0,))
+  root = str(tmp_path / "runs")
+  a = sweep.run("a", 0).workdir(root)
+  os.makedirs(a)
+  with open(os.path.join(a, "summary.json"), "w") as f:   # a SIGTERM at step 2 writes one too
+    json.dump({"step": 2, "stopped_early": True}, f)
+  assert summaries.finished_runs(os.path.join(root, "main")) == []
+  trained = []
+  monkeypatch.setattr(runner, "_train", _fake_train(trained))
+  runner.run_seed(sweep.runs(), root, [])
+  assert [name for name, *_ in trained] == ["a_seed0"]
+  assert summaries.finished_runs(os.path.join(root, "main")) == [a]
 
 
 def test_a_kept_warm_start_of_an_earlier_sitting_is_shared_with_runs_not_yet_saved(tmp_path, monkeypatch):
