@@ -124,10 +124,10 @@ def summarize(run_dir: str, method: str | None = None, seed: int | None = None) 
   seed = int(name["seed"]) if seed is None else int(seed)
   with open(os.path.join(run_dir, "config.json")) as f:
     config = json.load(f)
-  finished = {}
+  end = {}
   if os.path.exists(os.path.join(run_dir, "summary.json")):
     with open(os.path.join(run_dir, "summary.json")) as f:
-      finished = json.load(f)
+      end = json.load(f)
   unit = config.get("rollout", {}).get("budget_unit", "generated")
   cost_key = f"rollout/cost_per_prompt/{unit}"
   rows = _merged_rows(os.path.join(run_dir, "metrics.jsonl"))
@@ -148,7 +148,7 @@ def summarize(run_dir: str, method: str | None = None, seed: int | None = None) 
   costs = [r[cost_key] for r in train if cost_key in r]
   out = {"method": method, "seed": seed, "env": config.get("env", {}).get("name"),
          "steps": int(rows[-1]["step"]) if rows else 0,
-         "stopped_early": finished.get("stopped_early"),
+         "stopped_early": end.get("stopped_early"),
          "budget_unit": unit, "planned_budget": planned_budget(config),
          "spent_budget": sum(costs) / len(costs) if costs else None,
          "config": compact_config(config), "evals": evals, "train": train}
