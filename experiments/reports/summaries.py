@@ -4,7 +4,7 @@ be rebuilt and audited without the runs' checkpoints).
     python -m experiments.reports.summaries --runs runs/sweeps/frozenlake_methods \
         --out experiments/reports/frozenlake_runs
 
-A finished run directory `ENTRY_seedS` (one with `summary.json`) holding `config.json` and
+A finished run directory `ENTRY_seedS` (its `summary.json` not stopped early) holding `config.json` and
 `metrics.jsonl` becomes `METHOD_seedS.json` (METHOD = `--prefix` + ENTRY, or `--rename
 ENTRY=METHOD`) with:
 - method, seed, env (`config.env.name`), steps (the last logged step), stopped_early;
@@ -210,7 +210,7 @@ def main(argv=None):
   rename = dict(r.split("=", 1) for r in args.rename)
   written = write_summaries(args.runs, args.out, args.prefix, rename)
   if not written:
-    raise SystemExit(f"no finished runs (ENTRY_seedS with summary.json) under {args.runs}")
+    raise SystemExit(f"no finished runs (ENTRY_seedS whose summary.json did not stop early) under {args.runs}")
   print(f"{len(written)} summaries in {args.out}")
 
 

@@ -165,7 +165,8 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   share of demos starting where the right move needs the state read, `Expert.hard`:
   `warmstart.hard_fraction` oversamples them), rows (SFT rows: one per demo, fewer when
   `warmstart.pack`), row_fill (real demo tokens over the rows' tokens), seconds (demo
-  generation and packing, training). The model itself is not changed. With `warmstart.enabled=False` the model's Params come back untouched.
+  generation and packing, training). The model itself is not changed. With
+  `warmstart.enabled=False` the model's Params come back untouched.
   """
   w = config.warmstart
   validate(w)
