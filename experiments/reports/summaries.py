@@ -5,8 +5,8 @@ be rebuilt and audited without the runs' checkpoints).
         --out experiments/reports/frozenlake_runs
 
 A finished run directory `ENTRY_seedS` (its `summary.json` not stopped early) holding
-`config.json` and `metrics.jsonl` becomes `METHOD_seedS.json` (METHOD = `--prefix` + ENTRY, or `--rename
-ENTRY=METHOD`) with:
+`config.json` and `metrics.jsonl` becomes `METHOD_seedS.json` (METHOD = `--prefix` + ENTRY,
+or `--rename ENTRY=METHOD`) with:
 - method, seed, env (`config.env.name`), steps (the last logged step), stopped_early;
 - config: the env, rollout, learner, warmstart and train sections and model.preset (long
   values left out);
