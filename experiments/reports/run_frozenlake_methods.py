@@ -9,8 +9,9 @@ the warm start depends on the seed and `config.warmstart` only, so the first met
 computes it (runs keep their step-0 checkpoint) and the others resume from a copy of it (and of
 its step-0 eval row), which continues exactly as a run from scratch would (resume is bitwise
 exact); a run directory of an earlier sitting that still holds its warm start gives it too,
-and a run that saved no checkpoint yet gets it. Runs already summarized in `--summaries` are
-skipped, so a reproduction longer than one session continues in the next. Seeds run in
+and a run that saved no checkpoint yet gets it. Runs that reached the steps their config plans
+(in their workdir or their summary in `--summaries`) are skipped, so a reproduction longer than
+one session continues in the next, and raising `train.num_steps` extends finished runs. Seeds run in
 parallel processes; arguments after `--` are added to every run (e.g. a shorter schedule).
 Finally each finished run's summary is written into `--summaries` (`summaries.py`, committed
 with the report) and `make_report` builds the report from that directory.
@@ -27,6 +28,7 @@ import subprocess
 import sys
 
 from experiments import sweeps
+from experiments.sweeps import build
 from experiments.reports import make_report, summaries
 
 
@@ -57,18 +59,30 @@ def _seed_share(src: str, dst: str):
     f.write(first)
 
 
+def _done(run, root: str, extra: list[str], summaries_dir: str) -> bool:
+  """Whether `run` ran the `train.num_steps` its config plans now, by its workdir or by its
+  summary in `summaries_dir` (an earlier session's); a finished run of fewer steps resumes."""
+  num_steps = int(build.build(run, root, extra).train.num_steps)
+  if summaries.finished(run.workdir(root), num_steps):
+    return True
+  path = os.path.join(summaries_dir, f"{run.name}.json") if summaries_dir else ""
+  if not path or not os.path.exists(path):
+    return False
+  with open(path) as f:
+    return json.load(f).get("steps", 0) >= num_steps
+
+
 def run_seed(runs: list, root: str, extra: list[str], summaries_dir: str = "",
              others: list = ()):
-  """Train one seed's runs in order, skipping those already summarized (in their workdir or in
-  `summaries_dir`, so a reproduction spreads over sessions); the first of them or of `others`
-  (the seed's runs not picked) whose workdir holds a warm start (step 0), or else the first one
-  trained, gives it to the rest."""
+  """Train one seed's runs in order, skipping those that ran their planned steps (`_done`, so
+  a reproduction spreads over sessions); the first of them or of `others` (the seed's runs not
+  picked) whose workdir holds a warm start (step 0), or else the first one trained, gives it to
+  the rest."""
   source = next((run.workdir(root) for run in [*runs, *others]
                  if _has_warm_start(run.workdir(root))), None)
   for run in runs:
     workdir = run.workdir(root)
-    if summaries.finished(workdir) or (
-        summaries_dir and os.path.exists(os.path.join(summaries_dir, f"{run.name}.json"))):
+    if _done(run, root, extra, summaries_dir):
       continue
     if source is not None and not _has_checkpoint(workdir):   # nothing of its own to resume
       _seed_share(source, workdir)

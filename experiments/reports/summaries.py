@@ -157,14 +157,17 @@ def summarize(run_dir: str, method: str | None = None, seed: int | None = None) 
   return rounded(out)
 
 
-def finished(run_dir: str) -> bool:
+def finished(run_dir: str, num_steps: int | None = None) -> bool:
   """Whether the run in `run_dir` ran all its steps: its summary.json does not say it stopped
-  early (a run stopped by a signal writes one too, and resumes when started again)."""
+  early (a run stopped by a signal writes one too, and resumes when started again) and, given
+  `num_steps`, its last step reached it (a finished run whose config now plans more resumes)."""
   path = os.path.join(run_dir, "summary.json")
   if not os.path.exists(path):
     return False
   with open(path) as f:
-    return not json.load(f).get("stopped_early", False)
+    end = json.load(f)
+  return not end.get("stopped_early", False) and (num_steps is None
+                                                  or end.get("step", 0) >= num_steps)
 
 
 def finished_runs(root: str) -> list[str]:

@@ -13,7 +13,7 @@ import importlib.util
 import json
 import os
 import pathlib
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from experiments.sweeps.core import Run, Sweep, format_value
 
@@ -90,8 +90,8 @@ def _check_keys(run: Run, config) -> None:
                        + (f" ({hint})" if hint else "")) from None
 
 
-def build(run: Run, root: str = "runs/sweeps"):
-  """The locked config of `python -m experiments.train <run.train_args(root)>`."""
+def build(run: Run, root: str = "runs/sweeps", extra: Sequence[str] = ()):
+  """The locked config of `python -m experiments.train <run.train_args(root)> <extra>`."""
   from absl import flags
   from ml_collections import config_flags
 
@@ -104,7 +104,7 @@ def build(run: Run, root: str = "runs/sweeps"):
     raise SweepError(f"{where}: --config={run.config}: {_one_line(e)}") from None
   _check_keys(run, base)
   args = run.train_args(root)
-  argv = ["experiments.train", f"--config={_resolve(run.config)}", *args[1:]]
+  argv = ["experiments.train", f"--config={_resolve(run.config)}", *args[1:], *extra]
   values = flags.FlagValues()
   holder = config_flags.DEFINE_config_file("config", None, "config", flag_values=values,
                                            lock_config=True, sys_argv=argv)
@@ -114,7 +114,10 @@ def build(run: Run, root: str = "runs/sweeps"):
   except Exception as e:  # noqa: BLE001 - absl / ml_collections parse errors, as one line
     raise SweepError(f"{where}: {_one_line(e)}") from None
   config = holder.value
+  later = {a.split("=", 1)[0].removeprefix("--config.") for a in extra}   # extra args win
   for key, want in run.overrides:
+    if key in later:
+      continue
     got = get_field(config, key)
     if not isinstance(want, str) or isinstance(got, str):
       if format_value(got) != format_value(want):

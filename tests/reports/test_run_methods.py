@@ -9,6 +9,7 @@ import pytest
 
 from experiments.reports import run_frozenlake_methods as runner
 from experiments.reports import summaries
+from experiments.sweeps import build
 from experiments.sweeps.core import Sweep
 
 FL = "configs/frozenlake.py:algo=patr"
@@ -31,8 +32,13 @@ def _fake_train(trained):
       if found[1] is None:
         f.write(json.dumps({"step": 0, "eval/sampled_success": 0.5, "from": run.name}) + "\n")
       f.write(json.dumps({"step": 1, "loss": 0.1, "from": run.name}) + "\n")
-    open(os.path.join(workdir, "summary.json"), "w").write("{}")
+    with open(os.path.join(workdir, "summary.json"), "w") as f:   # ran the steps it planned
+      json.dump({"step": _planned(run, root, extra)}, f)
   return train
+
+
+def _planned(run, root, extra=()):
+  return int(build.build(run, root, extra).train.num_steps)
 
 
 def test_one_warm_start_per_seed_and_summarized_runs_skipped(tmp_path, monkeypatch):
@@ -41,10 +47,11 @@ def test_one_warm_start_per_seed_and_summarized_runs_skipped(tmp_path, monkeypat
   runs = main.runs() + more.runs()
   summaries = tmp_path / "summaries"
   summaries.mkdir()
-  (summaries / "a_seed0.json").write_text("{}")   # a finished in an earlier session
+  root = str(tmp_path / "runs")
+  steps = _planned(main.run("a", 0), root)   # a finished in an earlier session:
+  (summaries / "a_seed0.json").write_text(json.dumps({"steps": steps}))
   trained = []
   monkeypatch.setattr(runner, "_train", _fake_train(trained))
-  root = str(tmp_path / "runs")
   runner.run_seed(runs, root, [], str(summaries))
   # b computes the warm start (a is skipped), c starts from b's step-0 checkpoint and eval row
   # only (not its RL steps)
@@ -71,6 +78,30 @@ def test_a_run_stopped_early_is_resumed_and_not_summarized(tmp_path, monkeypatch
   assert summaries.finished_runs(os.path.join(root, "main")) == [a]
 
 
+def test_a_finished_run_whose_config_now_plans_more_steps_resumes(tmp_path, monkeypatch):
+  """Raising `train.num_steps` extends finished runs: the runner compares the steps a run (or
+  its summary of an earlier session) reached with what its config plans now."""
+  sweep = Sweep("main", FL, {"a": {"train.num_steps": 3}, "b": {"train.num_steps": 3}},
+                seeds=(0,))
+  root, out = str(tmp_path / "runs"), tmp_path / "summaries"
+  a = sweep.run("a", 0).workdir(root)
+  os.makedirs(a)
+  with open(os.path.join(a, "summary.json"), "w") as f:   # finished when 2 steps were planned
+    json.dump({"step": 2, "stopped_early": False}, f)
+  out.mkdir()
+  (out / "b_seed0.json").write_text(json.dumps({"steps": 2}))
+  assert summaries.finished(a) and not summaries.finished(a, 3)
+  trained = []
+  monkeypatch.setattr(runner, "_train", _fake_train(trained))
+  runner.run_seed(sweep.runs(), root, [], str(out))
+  assert [name for name, *_ in trained] == ["a_seed0", "b_seed0"]
+  trained.clear()
+  runner.run_seed(sweep.runs(), root, [], str(out))                 # both reached 3 steps now
+  assert trained == []
+  runner.run_seed(sweep.runs(), root, ["--config.train.num_steps=4"], str(out))
+  assert [name for name, *_ in trained] == ["a_seed0", "b_seed0"]   # extra args count too
+
+
 def test_a_kept_warm_start_of_an_earlier_sitting_is_shared_with_runs_not_yet_saved(tmp_path, monkeypatch):
   sweep = Sweep("main", FL, {"a": {}, "b": {}, "c": {}}, seeds=(0,))
   root = str(tmp_path / "runs")
@@ -78,7 +109,8 @@ def test_a_kept_warm_start_of_an_earlier_sitting_is_shared_with_runs_not_yet_sav
   os.makedirs(os.path.join(a, "checkpoints", "0"))          # a finished, its warm start kept
   open(os.path.join(a, "checkpoints", "0", "marker"), "w").write("a_seed0")
   open(os.path.join(a, "metrics.jsonl"), "w").write(json.dumps({"step": 0, "from": "a"}) + "\n")
-  open(os.path.join(a, "summary.json"), "w").write("{}")
+  with open(os.path.join(a, "summary.json"), "w") as f:
+    json.dump({"step": _planned(sweep.run("a", 0), root)}, f)
   os.makedirs(os.path.join(b, "checkpoints"))               # b died before its first checkpoint
   trained = []
   monkeypatch.setattr(runner, "_train", _fake_train(trained))
