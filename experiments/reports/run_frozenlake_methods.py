@@ -9,9 +9,12 @@ the warm start depends on the seed and `config.warmstart` only, so the first met
 computes it (runs keep their step-0 checkpoint) and the others resume from a copy of it (and of
 its step-0 eval row), which continues exactly as a run from scratch would (resume is bitwise
 exact); a run directory of an earlier sitting that still holds its warm start gives it too,
-and a run that saved no checkpoint yet gets it. Runs that reached the steps their config plans
-(in their workdir or their summary in `--summaries`) are skipped, so a reproduction longer than
-one session continues in the next, and raising `train.num_steps` extends finished runs. Seeds run in
+and a run that saved no checkpoint yet gets it. Runs that reached the `train.num_steps` their config
+and the `--config.` arguments after `--` plan (by their workdir or their summary in `--summaries`)
+are skipped, so a reproduction longer than one session continues in the next; raising
+`train.num_steps` resumes a finished run from its last checkpoint where its workdir is kept (a
+run known only by its summary is rerun from the seed's warm start). Only the step count is
+compared: other changes resume a finished run under the new config. Seeds run in
 parallel processes; arguments after `--` are added to every run (e.g. a shorter schedule).
 Finally each finished run's summary is written into `--summaries` (`summaries.py`, committed
 with the report) and `make_report` builds the report from that directory.
@@ -60,8 +63,8 @@ def _seed_share(src: str, dst: str):
 
 
 def _done(run, root: str, extra: list[str], summaries_dir: str) -> bool:
-  """Whether `run` ran the `train.num_steps` its config plans now, by its workdir or by its
-  summary in `summaries_dir` (an earlier session's); a finished run of fewer steps resumes."""
+  """Whether `run` ran the `train.num_steps` its config and `extra` plan now, by its workdir or
+  by its summary in `summaries_dir` (an earlier session's)."""
   num_steps = int(build.build(run, root, extra).train.num_steps)
   if summaries.finished(run.workdir(root), num_steps):
     return True

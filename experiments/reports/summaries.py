@@ -177,7 +177,8 @@ def finished_runs(root: str) -> list[str]:
 
 
 def write_summaries(root: str, out: str, prefix: str = "", rename: dict | None = None) -> list[str]:
-  """Summarize every finished run under `root` into `out`; returns the files written."""
+  """Summarize every finished run under `root` into `out`; returns the files written. A summary
+  already in `out` of more steps (a run extended elsewhere) is kept, with a line saying so."""
   os.makedirs(out, exist_ok=True)
   written = []
   for run_dir in finished_runs(root):
@@ -185,6 +186,12 @@ def write_summaries(root: str, out: str, prefix: str = "", rename: dict | None =
     method = (rename or {}).get(entry, prefix + entry)
     summary = summarize(run_dir, method=method)
     path = os.path.join(out, f"{method}_seed{summary['seed']}.json")
+    if os.path.exists(path):
+      with open(path) as f:
+        kept = json.load(f).get("steps", 0)
+      if kept > summary["steps"]:
+        print(f"{path}: kept ({kept} steps; {run_dir} ran {summary['steps']})")
+        continue
     with open(path, "w") as f:
       json.dump(summary, f, indent=1, allow_nan=False)
       f.write("\n")

@@ -1,8 +1,9 @@
 """Sweep runs -> the exact locked configs `experiments.train` would build, and their checks.
 
-`build(run)` parses the run's own command-line arguments with the same absl config flag as
-`experiments.train` (the config file's `get_config(arg)` plus each `--config.` override), so a
-run that builds here starts the same way there. `check(run)` adds `tree_rl.validation` with the
+`build(run, extra=...)` parses the run's own command-line arguments, then the `--config.` ones of
+`extra`, with the same absl config flag as `experiments.train` (the config file's
+`get_config(arg)` plus each `--config.` override), so a run that builds here starts the same way
+there. `check(run)` adds `tree_rl.validation` with the
 rollout's KV page pool (the engine is built from the env; no model, no data).
 """
 
@@ -90,8 +91,32 @@ def _check_keys(run: Run, config) -> None:
                        + (f" ({hint})" if hint else "")) from None
 
 
+def _config_key(arg: str) -> str | None:
+  """`a.b` for a config override `--config.a.b=1`, `-config.a.b 1` or `--noconfig.a.b`."""
+  name = arg.split("=", 1)[0].lstrip("-")
+  name = name[2:] if name.startswith("noconfig.") else name
+  return name[len("config."):] if name.startswith("config.") else None
+
+
+def config_args(argv: Sequence[str]) -> list[str]:
+  """The config overrides in `argv` (with the value that follows one written without `=`); the
+  entry point's other flags (`--compile_cache`, ...) are left out."""
+  out, i = [], 0
+  while i < len(argv):
+    arg = argv[i]
+    if _config_key(arg) is not None:
+      takes_next = ("=" not in arg and not arg.lstrip("-").startswith("no")
+                    and i + 1 < len(argv) and not argv[i + 1].startswith("-"))
+      out.extend(argv[i:i + 1 + takes_next])
+      i += takes_next
+    i += 1
+  return out
+
+
 def build(run: Run, root: str = "runs/sweeps", extra: Sequence[str] = ()):
-  """The locked config of `python -m experiments.train <run.train_args(root)> <extra>`."""
+  """The locked config of `python -m experiments.train <run.train_args(root)> <extra>` (only
+  the `--config.` overrides of `extra` are read)."""
+  extra = config_args(extra)
   from absl import flags
   from ml_collections import config_flags
 
@@ -114,7 +139,7 @@ def build(run: Run, root: str = "runs/sweeps", extra: Sequence[str] = ()):
   except Exception as e:  # noqa: BLE001 - absl / ml_collections parse errors, as one line
     raise SweepError(f"{where}: {_one_line(e)}") from None
   config = holder.value
-  later = {a.split("=", 1)[0].removeprefix("--config.") for a in extra}   # extra args win
+  later = {_config_key(a) for a in extra}   # extra args come later and win
   for key, want in run.overrides:
     if key in later:
       continue

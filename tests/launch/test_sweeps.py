@@ -10,7 +10,7 @@ import pytest
 from configs import frozenlake, toolcall
 from experiments import sweeps
 from experiments.sweeps.build import (SweepError, build, check, check_all, check_equal_budget,
-                                     pages_needed)
+                                     config_args, pages_needed)
 from experiments.sweeps.core import Sweep, axis, one_at_a_time
 from launch_helpers import REPO
 from tree_rl.validation import validate
@@ -340,3 +340,16 @@ def test_train_builds_the_same_config_from_the_printed_arguments():
                            "--print_config"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == json.loads(build(run).to_json_best_effort())
+
+
+def test_extra_arguments_override_a_run_and_only_config_flags_are_read():
+  """Arguments added to every run (the runner's `-- ...`) come after the run's own overrides
+  and win, in any absl spelling; the entry point's other flags are not the config's."""
+  extra = ["--compile_cache=", "--config.train.num_steps", "7", "-config.learner.learning_rate=0.5",
+           "--noconfig.rollout.keep_pruned", "--print_config"]
+  assert config_args(extra) == extra[1:5]
+  run = sweeps.get("patr_keep_pruned").run("keep_all", 0)   # sets rollout.keep_pruned=true
+  assert build(run).rollout.keep_pruned is True
+  config = build(run, extra=extra)
+  assert (config.train.num_steps, config.learner.learning_rate) == (7, 0.5)
+  assert config.rollout.keep_pruned is False

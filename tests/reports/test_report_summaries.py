@@ -72,3 +72,20 @@ def test_cli_writes_one_file_per_finished_run(tmp_path):
   assert sorted(os.listdir(out)) == ["tree_grpo_intra_seed0.json", "tree_grpo_seed0.json"]
   loaded = summaries.load_summaries(out)
   assert [(s["method"], s["seed"]) for s in loaded] == [("tree_grpo_intra", 0), ("tree_grpo", 0)]
+
+
+def test_a_summary_of_more_steps_is_not_overwritten_by_a_shorter_run(tmp_path, capsys):
+  """A run extended elsewhere (its 6-step summary committed) is not replaced by a local copy
+  of the run that stopped at 4 steps; a summary of fewer steps is."""
+  runs, out = os.path.join(str(tmp_path), "sweep"), os.path.join(str(tmp_path), "out")
+  write_run(runs, "grpo_seed0", ROWS)
+  write_run(runs, "grpo_seed1", ROWS)
+  os.makedirs(out)
+  longer, shorter = {"method": "grpo", "seed": 0, "steps": 6}, {"method": "grpo", "seed": 1, "steps": 2}
+  for s in (longer, shorter):
+    with open(os.path.join(out, f"grpo_seed{s['seed']}.json"), "w") as f:
+      json.dump(s, f)
+  written = summaries.write_summaries(runs, out)
+  assert written == [os.path.join(out, "grpo_seed1.json")]
+  assert [s["steps"] for s in summaries.load_summaries(out)] == [6, 4]
+  assert "grpo_seed0.json: kept (6 steps" in capsys.readouterr().out

@@ -1,6 +1,6 @@
-"""The report runner's schedule: one warm start per seed across sweeps, runs already summarized
-skipped (a reproduction spread over sessions), the others resumed from the first trained run's
-step-0 checkpoint and eval row."""
+"""The report runner's schedule: one warm start per seed across sweeps, runs that reached their
+planned steps skipped (a reproduction spread over sessions), the others resumed from the first
+trained run's step-0 checkpoint and eval row."""
 
 import json
 import os
@@ -98,8 +98,10 @@ def test_a_finished_run_whose_config_now_plans_more_steps_resumes(tmp_path, monk
   trained.clear()
   runner.run_seed(sweep.runs(), root, [], str(out))                 # both reached 3 steps now
   assert trained == []
-  runner.run_seed(sweep.runs(), root, ["--config.train.num_steps=4"], str(out))
-  assert [name for name, *_ in trained] == ["a_seed0", "b_seed0"]   # extra args count too
+  # the `--config.` args after `--` count too; the entry point's other flags are passed on
+  runner.run_seed(sweep.runs(), root, ["--compile_cache=", "--config.train.num_steps", "4"],
+                  str(out))
+  assert [name for name, *_ in trained] == ["a_seed0", "b_seed0"]
 
 
 def test_a_kept_warm_start_of_an_earlier_sitting_is_shared_with_runs_not_yet_saved(tmp_path, monkeypatch):
