@@ -66,13 +66,9 @@ def _done(run, root: str, extra: list[str], summaries_dir: str) -> bool:
   """Whether `run` ran the `train.num_steps` its config and `extra` plan now, by its workdir or
   by its summary in `summaries_dir` (an earlier session's)."""
   num_steps = int(build.build(run, root, extra).train.num_steps)
-  if summaries.finished(run.workdir(root), num_steps):
-    return True
-  path = os.path.join(summaries_dir, f"{run.name}.json") if summaries_dir else ""
-  if not path or not os.path.exists(path):
-    return False
-  with open(path) as f:
-    return json.load(f).get("steps", 0) >= num_steps
+  return summaries.finished(run.workdir(root), num_steps) or bool(
+      summaries_dir and summaries.summary_steps(
+          os.path.join(summaries_dir, f"{run.name}.json")) >= num_steps)
 
 
 def run_seed(runs: list, root: str, extra: list[str], summaries_dir: str = "",

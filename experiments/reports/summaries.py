@@ -166,8 +166,17 @@ def finished(run_dir: str, num_steps: int | None = None) -> bool:
     return False
   with open(path) as f:
     end = json.load(f)
-  return not end.get("stopped_early", False) and (num_steps is None
-                                                  or end.get("step", 0) >= num_steps)
+  if end.get("stopped_early", False):
+    return False
+  return num_steps is None or end.get("step", 0) >= num_steps
+
+
+def summary_steps(path: str) -> int:
+  """The steps of the summary file at `path` (as `summarize` wrote it); 0 where there is none."""
+  if not os.path.exists(path):
+    return 0
+  with open(path) as f:
+    return json.load(f).get("steps", 0)
 
 
 def finished_runs(root: str) -> list[str]:
@@ -186,12 +195,10 @@ def write_summaries(root: str, out: str, prefix: str = "", rename: dict | None =
     method = (rename or {}).get(entry, prefix + entry)
     summary = summarize(run_dir, method=method)
     path = os.path.join(out, f"{method}_seed{summary['seed']}.json")
-    if os.path.exists(path):
-      with open(path) as f:
-        kept = json.load(f).get("steps", 0)
-      if kept > summary["steps"]:
-        print(f"{path}: kept ({kept} steps; {run_dir} ran {summary['steps']})")
-        continue
+    kept = summary_steps(path)
+    if kept > summary["steps"]:
+      print(f"{path}: kept ({kept} steps; {run_dir} ran {summary['steps']})")
+      continue
     with open(path, "w") as f:
       json.dump(summary, f, indent=1, allow_nan=False)
       f.write("\n")

@@ -3,8 +3,8 @@
 `build(run, extra=...)` parses the run's own command-line arguments, then the `--config.` ones of
 `extra`, with the same absl config flag as `experiments.train` (the config file's
 `get_config(arg)` plus each `--config.` override), so a run that builds here starts the same way
-there. `check(run)` adds `tree_rl.validation` with the
-rollout's KV page pool (the engine is built from the env; no model, no data).
+there. `check(run)` adds `tree_rl.validation` with the rollout's KV page pool (the engine is
+built from the env; no model, no data).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def config_args(argv: Sequence[str]) -> list[str]:
   while i < len(argv):
     arg = argv[i]
     if _config_key(arg) is not None:
-      takes_next = ("=" not in arg and not arg.lstrip("-").startswith("no")
+      takes_next = ("=" not in arg and not arg.lstrip("-").startswith("noconfig.")
                     and i + 1 < len(argv) and not argv[i + 1].startswith("-"))
       out.extend(argv[i:i + 1 + takes_next])
       i += takes_next
@@ -139,7 +139,7 @@ def build(run: Run, root: str = "runs/sweeps", extra: Sequence[str] = ()):
   except Exception as e:  # noqa: BLE001 - absl / ml_collections parse errors, as one line
     raise SweepError(f"{where}: {_one_line(e)}") from None
   config = holder.value
-  later = {_config_key(a) for a in extra}   # extra args come later and win
+  later = {k for k in map(_config_key, extra) if k}   # extra args come later and win
   for key, want in run.overrides:
     if key in later:
       continue
