@@ -176,6 +176,8 @@ def test_toolcall_report(tmp_path):
   assert os.path.basename(path) == "toolcall.md" and text.startswith("# Tool-call QA")
   assert overview[0] == "- a. Tree-GRPO > chain GRPO at equal budget: **holds**"
   assert "- c. Tree-GRPO takes more turns and tool calls than chain GRPO: **holds**" in overview
+  # the advantage ablation is FrozenLake's alone: no tool-call claim waits on runs never planned
+  assert [line[2:4] for line in overview] == ["a.", "b.", "b2", "c."]
   assert "tool calls / episode" in text and "side_" not in text
   assert os.path.exists(tmp_path / "out" / "toolcall_mean_turns.png")
 
