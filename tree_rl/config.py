@@ -185,6 +185,9 @@ def base_config() -> ml_collections.ConfigDict:
   )
   c.train = dict(
       num_steps=100,            # RL steps (rollout -> advantages -> PPO epochs)
+      rl_seed=-1,               # seed of the RL steps' prompt order and rollout keys (-1 = config.seed);
+                                # init, warm start and eval keep config.seed: runs differing only here
+                                # share a warm start and eval episodes (a control for run-to-run spread)
       ppo_epochs=1,             # passes over each step's rollouts
       minibatches=1,            # updates per epoch (the step's prompts split evenly)
       eval_every=25,            # evaluate every N RL steps (and before the first, and at the end)

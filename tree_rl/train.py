@@ -3,8 +3,9 @@
 One RL step: a batch of train prompts (in a seeded order) -> rollout with the configured method
 on the shared engine -> advantages (registry) -> `train.ppo_epochs` x `train.minibatches`
 sharded updates (tree-packed or per-leaf) -> the sampler's cache is rebuilt on the new weights.
-Every random choice of step s derives from (config.seed, s), so a run resumed from a checkpoint
-continues exactly as if it had never stopped. Importable from a notebook.
+Every random choice of step s derives from (seed, s), so a run resumed from a checkpoint
+continues exactly as if it had never stopped; the RL steps take `rl_seed(config)`, the init,
+warm start and evaluations config.seed. Importable from a notebook.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def _prompt_order(config, num_tasks: int, position: int, count: int) -> np.ndarr
   out = []
   for i in range(position, position + count):
     epoch, offset = divmod(i, num_tasks)
-    perm = np.random.default_rng([int(config.seed), epoch]).permutation(num_tasks)
+    perm = np.random.default_rng([rl_seed(config), epoch]).permutation(num_tasks)
     out.append(perm[offset])
   return np.asarray(out, np.int32)
 
@@ -139,8 +140,20 @@ def _prompt_batch(config, num_tasks: int, position: int, count: int
           np.arange(position, position + count, dtype=np.int32))
 
 
+def rl_seed(config) -> int:
+  """The seed of the RL steps' prompt order and rollout keys: `train.rl_seed`, or config.seed
+  when it is -1 (the default, so a run without it draws as before the knob existed)."""
+  seed = int(config.train.rl_seed)
+  return int(config.seed) if seed < 0 else seed
+
+
+def rollout_key(config, step: int) -> jax.Array:
+  """The key of step `step`'s first rollout draw: key(rl_seed) folded in with (step, 0)."""
+  return _folded_key(rl_seed(config), (step, 0))
+
+
 def _step_key(config, *path: int) -> jax.Array:
-  """key(config.seed) folded in with `path` (step, stream, ...)."""
+  """key(config.seed) folded in with `path` (a stream of the warm start or evaluation)."""
   return _folded_key(int(config.seed), path)
 
 
@@ -169,7 +182,7 @@ def _draw(parts: Parts, cache, step: int, position: int, draw: int):
   offset, count = hosts.share(int(config.rollout.prompts_per_step))
   ids, groups = _prompt_batch(config, parts.tasks.num_train, position + offset, count)
   states = tasks.take(parts.tasks.train_states, ids)
-  key = _step_key(config, step, 0)
+  key = rollout_key(config, step)
   out, cache = run(parts.engine, parts.method, cache, states,
                    key if draw == 0 else jax.random.fold_in(key, draw),
                    prompt_ids=compile_cache.to_device(groups), scorer=parts.scorer,
@@ -181,7 +194,7 @@ def _rollouts(parts: Parts, cache, step: int, position: int):
   """The step's rollouts as training trees; returns (trees, prompts drawn, cache, metrics). With `rollout.dynamic_sampling` (DAPO), groups whose outcome rewards are all equal
   are dropped and further batches of prompts are drawn (at most `rollout.max_draws` in all)
   until `prompts_per_step` informative groups are kept; extras of the last draw are dropped.
-  Draw d of step s uses the prompts after those of draw d - 1 and a key of (seed, s, d), and
+  Draw d of step s uses the prompts after those of draw d - 1 and a key of (rl_seed, s, d), and
   the stream position after the step is checkpointed, so a resumed run draws the same."""
   config = parts.config
   p = int(config.rollout.prompts_per_step)

@@ -41,6 +41,8 @@ def validate(config, *, engine=None, layout=None) -> None:
          f"config.env.name={config.env.name!r} was registered without a task set: "
          f"tree_rl.envs.register({config.env.name!r}, factory, tasks=...)")
   _check(0 <= int(config.seed) < 2**31, f"config.seed must be in [0, 2**31), got {config.seed}")
+  _check(-1 <= int(config.train.rl_seed) < 2**31, f"config.train.rl_seed must be -1 (config.seed) "
+         f"or in [0, 2**31), got {config.train.rl_seed}")
   _check(int(config.env.kb_scale) >= 1,
          f"config.env.kb_scale must be >= 1 (the toolcall KB's entity counts times it), got "
          f"{config.env.kb_scale}")

@@ -125,6 +125,7 @@ def test_cli_bad_config_argument_is_one_clear_line():
     (("rollout", "top_k", -1), "config.rollout.top_k=-1 must be >= 0"),
     (("rollout", "prompts_per_step", 0), "config.rollout.prompts_per_step must be >= 1"),
     (("env", "kb_scale", 0), "config.env.kb_scale must be >= 1"),
+    (("train", "rl_seed", -2), "config.train.rl_seed must be -1"),
     (("rollout", "temperature", 0.0), "config.rollout.temperature=0.0: training samples need"),
     (("rollout", "top_k", 5), "config.rollout.top_k=5: training refuses top-k / top-p"),
     (("rollout", "top_p", 0.9), "config.rollout.top_p=0.9: training refuses top-k / top-p"),
