@@ -106,8 +106,9 @@ def section(assessed: dict) -> list[str]:
   mismatched = [(r, r["mismatch"]) for r in assessed["results"] if r.get("mismatch")]
   for r, seeds in mismatched:
     if r["comparison"].primary:
-      lines.append(f"\nSeeds {seeds} of {_subject(r['comparison'])} logged different step-0 "
-                   "evals: those runs do not share a warm start, so their pairing is loose.")
+      lines.append(f"\nSeeds {seeds} of {_subject(r['comparison'])} started from different "
+                   "warm starts (step-0 parameters, or step-0 evals where a summary has no "
+                   "digest): their pairing is loose.")
   return lines + [""]
 
 

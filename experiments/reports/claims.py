@@ -109,10 +109,14 @@ def _pairs(runs: dict, c: Comparison) -> list[tuple]:
 
 
 def warm_start_mismatch(runs: dict, a: str, b: str, seeds) -> list:
-  """Seeds whose two runs logged different step-0 evals: not one shared warm start."""
-  start = lambda s: (measures.before(s, SAMPLED), measures.before(s, GREEDY))  # noqa: E731
-  return [s for s in seeds if start(runs[a][s]) != start(runs[b][s])
-          and all(math.isfinite(v) for v in start(runs[a][s]) + start(runs[b][s]))]
+  """Seeds whose two runs did not start from one warm start: different step-0 param digests
+  where both summaries carry one (`summaries.warm_start_digest`), else different step-0 evals."""
+  def differ(x: dict, y: dict) -> bool:
+    if x.get("warm_start_digest") and y.get("warm_start_digest"):
+      return x["warm_start_digest"] != y["warm_start_digest"]
+    sx, sy = ((measures.before(r, SAMPLED), measures.before(r, GREEDY)) for r in (x, y))
+    return sx != sy and all(math.isfinite(v) for v in sx + sy)
+  return [s for s in seeds if differ(runs[a][s], runs[b][s])]
 
 
 def evaluate(runs: dict, c: Comparison) -> dict:

@@ -18,7 +18,11 @@ or `--rename ENTRY=METHOD`) with:
 - train: one row per RL step with `step`, rollout/success_rate, rollout/mean_turns,
   rollout/trajectories, rollout/cost_per_prompt/<unit>, learner/entropy and
   rollout/response_tokens_per_trajectory (rollout/budget/generated / rollout/trajectories);
-- wall_s: the sum of time/step_s over the steps, when logged.
+- wall_s: the sum of time/step_s over the steps, when logged;
+- warm_start_digest: a fingerprint of the step-0 params (the warm start) recomputed from the
+  run's step-0 checkpoint, when it has one: runs of one seed are paired only when theirs agree (a
+  warm start recomputed on another machine can differ in its last bits, and its step-0 evals can
+  still agree).
 Floats keep 6 significant digits; non-finite values are null. Rows logged twice for one step
 (a resumed run) are merged, the later values winning.
 """
@@ -26,6 +30,7 @@ Floats keep 6 significant digits; non-finite values are null. Rows logged twice 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -154,7 +159,27 @@ def summarize(run_dir: str, method: str | None = None, seed: int | None = None) 
          "config": compact_config(config), "evals": evals, "train": train}
   if wall:
     out["wall_s"] = sum(wall)
+  digest = warm_start_digest(run_dir)
+  if digest:
+    out["warm_start_digest"] = digest
   return rounded(out)
+
+
+def warm_start_digest(run_dir: str) -> str | None:
+  """16 hex digits of a hash of the step-0 checkpoint's params, each array's digest
+  (`tree_rl.digest`) recomputed from the saved values; None when the run kept no step 0."""
+  path = os.path.join(run_dir, "checkpoints")
+  if not os.path.isdir(os.path.join(path, "0")):
+    return None
+  from tree_rl.checkpointing import Checkpointer
+  from tree_rl.digest import tree_digest
+  ckpt = Checkpointer(path)
+  try:
+    params = ckpt.read(0)[0]["train"]["params"]
+  finally:
+    ckpt.close()
+  text = json.dumps(sorted(tree_digest(params).items()))
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def finished(run_dir: str, num_steps: int | None = None) -> bool:

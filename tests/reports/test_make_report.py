@@ -124,7 +124,7 @@ def test_budget_premise_flag_and_loose_pairing(tmp_path):
   assert "so they compare equal spent budgets" in text
   # PATR is read where it had spent Tree-Random's 400: step 400 / 130 = 3.08
   assert "PATR at step 3 and Tree-Random at step 4" in text
-  assert "Seeds [1] of PATR - Tree-Random logged different step-0 evals" in text
+  assert "Seeds [1] of PATR - Tree-Random started from different warm starts" in text
 
 
 def test_unmatched_claims_keep_the_budget_flag():

@@ -3,6 +3,7 @@
 import json
 import os
 
+import numpy as np
 from report_fixtures import write_run
 
 from experiments.reports import summaries
@@ -89,3 +90,43 @@ def test_a_summary_of_more_steps_is_not_overwritten_by_a_shorter_run(tmp_path, c
   assert written == [os.path.join(out, "grpo_seed1.json")]
   assert [s["steps"] for s in summaries.load_summaries(out)] == [6, 4]
   assert "grpo_seed0.json: kept (6 steps" in capsys.readouterr().out
+
+
+def _warm_start(run_dir, params):
+  from tree_rl.checkpointing import Checkpointer
+  ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"))
+  ckpt.save(0, {"train": {"params": params}, "step": np.int32(0)}, {"step": 0})
+  ckpt.close()
+
+
+def test_the_warm_start_digest_tells_a_copied_warm_start_from_a_recomputed_one(tmp_path):
+  import shutil
+  w = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(3, 4)
+  runs = {n: write_run(str(tmp_path), f"{n}_seed0", ROWS) for n in ("grpo", "tree_grpo", "patr")}
+  _warm_start(runs["grpo"], {"w": w, "b": np.zeros(4, np.float32)})
+  # a copy of the step-0 checkpoint, as the report runner shares a seed's warm start
+  shutil.copytree(os.path.join(runs["grpo"], "checkpoints"),
+                  os.path.join(runs["tree_grpo"], "checkpoints"))
+  # recomputed elsewhere: one weight off by one unit in the last place
+  w2 = w.copy()
+  w2[1, 2] = np.nextafter(w2[1, 2], np.float32(2))
+  _warm_start(runs["patr"], {"w": w2, "b": np.zeros(4, np.float32)})
+  got = {n: summaries.summarize(d).get("warm_start_digest") for n, d in runs.items()}
+  assert len(got["grpo"]) == 16 and got["grpo"] == got["tree_grpo"] != got["patr"]
+  bare = write_run(str(tmp_path), "tree_random_seed0", ROWS)   # no checkpoint kept
+  assert "warm_start_digest" not in summaries.summarize(bare)
+
+
+def test_pairing_reads_digests_before_step_0_evals():
+  from report_fixtures import summary
+  from experiments.reports import claims
+  a, b = summary("tree_grpo", 0, 0.5, 0.7), summary("grpo", 0, 0.5, 0.6)
+  runs = {"tree_grpo": {0: a}, "grpo": {0: b}}
+  assert claims.warm_start_mismatch(runs, "tree_grpo", "grpo", [0]) == []
+  a["warm_start_digest"], b["warm_start_digest"] = "0123456789abcdef", "0123456789abcdee"
+  assert claims.warm_start_mismatch(runs, "tree_grpo", "grpo", [0]) == [0]   # same evals
+  b["warm_start_digest"] = a["warm_start_digest"]
+  b["evals"][0]["eval/sampled_success"] = 0.4
+  assert claims.warm_start_mismatch(runs, "tree_grpo", "grpo", [0]) == []
+  del a["warm_start_digest"]    # one summary without a digest: the step-0 evals decide
+  assert claims.warm_start_mismatch(runs, "tree_grpo", "grpo", [0]) == [0]
