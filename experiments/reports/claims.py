@@ -110,12 +110,16 @@ def _pairs(runs: dict, c: Comparison) -> list[tuple]:
 
 def warm_start_mismatch(runs: dict, a: str, b: str, seeds) -> list:
   """Seeds whose two runs did not start from one warm start: different step-0 param digests
-  where both summaries carry one (`summaries.warm_start_digest`), else different step-0 evals."""
+  where both summaries carry one (`summaries.warm_start_digest`), else a step-0 eval metric
+  both logged with different finite values (turns and tokens too: two warm starts can agree on
+  success alone)."""
   def differ(x: dict, y: dict) -> bool:
     if x.get("warm_start_digest") and y.get("warm_start_digest"):
       return x["warm_start_digest"] != y["warm_start_digest"]
-    sx, sy = ((measures.before(r, SAMPLED), measures.before(r, GREEDY)) for r in (x, y))
-    return sx != sy and all(math.isfinite(v) for v in sx + sy)
+    rx, ry = (next((r for r in s["evals"] if r["step"] == 0), {}) for s in (x, y))
+    finite = lambda v: isinstance(v, (int, float)) and math.isfinite(v)  # noqa: E731
+    return any(rx[k] != ry[k] for k in rx.keys() & ry.keys()
+               if k.startswith("eval/") and finite(rx[k]) and finite(ry[k]))
   return [s for s in seeds if differ(runs[a][s], runs[b][s])]
 
 

@@ -130,3 +130,9 @@ def test_pairing_reads_digests_before_step_0_evals():
   assert claims.warm_start_mismatch(runs, "tree_grpo", "grpo", [0]) == []
   del a["warm_start_digest"]    # one summary without a digest: the step-0 evals decide
   assert claims.warm_start_mismatch(runs, "tree_grpo", "grpo", [0]) == [0]
+  b["evals"][0]["eval/sampled_success"] = a["evals"][0]["eval/sampled_success"]
+  assert claims.warm_start_mismatch(runs, "tree_grpo", "grpo", [0]) == []
+  a["evals"][0]["eval/greedy_mean_turns"], b["evals"][0]["eval/greedy_mean_turns"] = 2.92, 2.95
+  assert claims.warm_start_mismatch(runs, "tree_grpo", "grpo", [0]) == [0]  # same success
+  b["evals"][0]["eval/greedy_mean_turns"] = None    # not logged by one: not compared
+  assert claims.warm_start_mismatch(runs, "tree_grpo", "grpo", [0]) == []
