@@ -9,7 +9,7 @@ Run:
   python -m experiments.train --config=configs/codefix.py:algo=patr --workdir=runs/cf
 Smoke:
   python -m experiments.train --config=configs/codefix.py:algo=tree_grpo,smoke --workdir=runs/cf_smoke
-algo: chain | grpo | tree_grpo | patr | tree_random (and the other configs' algos);
+algo: a name in `tree_rl.algorithms` (grpo, tree_grpo, patr, ...);
 model: tiny | small | hf (with hf_path=...) | qwen3-4b (PATR's SWE shape, random weights; 50 turns,
 32K-token trajectories: the long-context setting `experiments.aot` compiles).
 """

@@ -1,57 +1,15 @@
-"""Shared pieces of the experiment configs: algorithm presets and the smoke shrink."""
+"""Shared pieces of the experiment configs: the algorithm presets (`tree_rl.algorithms`), the
+model presets and the smoke shrink."""
 
-# algo -> (rollout method, advantage estimator, loss aggregation); GRPO and RLOO are chains with
-# their estimator. Aggregation is each method's own: GRPO and PATR (and Tree-Random, its control)
-# average per trajectory, then per group, then over prompts (PATR's 1/G sum_i 1/|tau_i| sum_t,
-# so a prompt that grew 6 leaves weighs as much as one with 4); the public Tree-GRPO code trains
-# with verl's token mean over the batch.
-ALGOS = {
-    "grpo": ("chain", "grpo", "traj_mean_group_mean"),
-    "rloo": ("chain", "rloo", "traj_mean_group_mean"),
-    "chain": ("chain", "grpo", "traj_mean_group_mean"),
-    "tree_grpo": ("tree_grpo", "tree_grpo", "token_mean"),
-    "patr": ("patr", "grpo", "traj_mean_group_mean"),
-    "tree_random": ("tree_random", "grpo", "traj_mean_group_mean"),
-    "dapo": ("chain", "grpo", "token_mean"),
-    "gigpo": ("chain", "gigpo", "token_mean"),
-    "arpo": ("arpo", "grpo", "token_mean"),
-}
-# Each algorithm's own recipe beyond the triple (set after the model presets, so they win); the
-# sources are in docs/paper_defaults.md.
-# DAPO (arXiv 2503.14476; verl recipe/dapo): clip-higher 0.2 / 0.28, dual clip 10, token-level
-# loss (above), no KL, no entropy bonus, dynamic sampling, overlong reward shaping (a window of
-# 20% of the length limit, taking off at most 0.5: half the range of the 0/1 success rewards, as
-# the recipe's 1 is of its +-1; a reply cut by the per-turn limit counts as overlong: -0.5).
-# GiGPO (arXiv 2505.10978; verl-agent's ALFWorld script and config): step weight 1, gamma 0.95,
-# KL 0.01, clip 0.2 / 0.2, entropy bonus 0.001, verl's token mean.
-# ARPO (arXiv 2507.19849; its 7B script and config): soft attribution (a shared prefix is trained
-# with each leaf's advantage, the paper's default), verl's token mean, KL 0, clip 0.2 / 0.2, dual
-# clip 3, no entropy bonus; its branching fields are the config's (rollout.initial_branches,
-# max_branches = group_size (its n), initial_branches = n / 2, arpo_alpha / arpo_beta,
-# entropy_tokens; the stochastic rule and the reference entropy are the config's defaults).
-RECIPES = {
-    "dapo": {"learner.clip_low": 0.2, "learner.clip_high": 0.28, "learner.dual_clip": 10.0,
-             "learner.kl_coef": 0.0, "learner.entropy_coef": 0.0,
-             "rollout.dynamic_sampling": True, "learner.overlong_window": 0.2,
-             "learner.overlong_penalty": 0.5, "learner.overlong_truncated": "penalize"},
-    "gigpo": {"learner.step_weight": 1.0, "learner.step_gamma": 0.95,
-              "learner.episode_stats": "step_rows", "learner.kl_coef": 0.01,
-              "learner.clip_low": 0.2, "learner.clip_high": 0.2, "learner.entropy_coef": 0.001},
-    "arpo": {"learner.shared_advantage": "per_leaf", "learner.kl_coef": 0.0,
-             "learner.clip_low": 0.2, "learner.clip_high": 0.2, "learner.dual_clip": 3.0,
-             "learner.entropy_coef": 0.0},
-}
+from tree_rl import algorithms
 
-
-# Updates per RL step (`train.minibatches`, one epoch) of the baselines, as their public scripts
-# take them (docs/paper_defaults.md names the files): DAPO 512 prompts in mini-batches of 32
-# (16 updates); ARPO 128 in 16 (8); GiGPO 16 x 8 episodes' step rows in mini-batches of 256 rows
-# (half the mean episode length: 8 for 16-step episodes). The reproduction's own methods take one,
-# as rLLM's FrozenLake script (the framework of PATR's runs) does: 32 prompts, mini-batches of
-# 64. Tree-GRPO's scripts take 8 for tree and chain alike (64 x GPUs prompts in mini-batches of
-# 8 x GPUs); here GRPO, Tree-GRPO, PATR and Tree-Random share one learner setting, so their
-# comparisons vary the rollout alone (`--config.train.minibatches=8` gives Tree-GRPO's).
-UPDATES = {"dapo": 16, "arpo": 8, "gigpo": 8}
+# Updates per RL step (`train.minibatches`, one epoch): each baseline takes its public scripts'
+# (`Algorithm.updates`; docs/paper_defaults.md names the files). The reproduction's own methods
+# take one, as rLLM's FrozenLake script (the framework of PATR's runs) does: 32 prompts,
+# mini-batches of 64. Tree-GRPO's scripts take 8 for tree and chain alike (64 x GPUs prompts in
+# mini-batches of 8 x GPUs); here GRPO, Tree-GRPO, PATR and Tree-Random share one learner
+# setting, so their comparisons vary the rollout alone (`--config.train.minibatches=8` gives
+# Tree-GRPO's).
 # The CPU presets (8 prompts a step, learning rates measured at one update a step) give the
 # baselines 2 updates: the least under which clipping acts at all (after the first). Not measured
 # against the testbeds' learning curves (docs/paper_defaults.md). The baselines take their
@@ -61,19 +19,14 @@ CPU_UPDATES = 2
 
 
 def apply_algo(c, algo: str):
-  """The algorithm's rollout method, estimator, aggregation, recipe and updates per step; call it
-  after `apply_model` (the papers' RL setting would otherwise overwrite DAPO's clipping and KL;
-  the updates follow the model: `UPDATES` at paper scale, at most `CPU_UPDATES` otherwise)."""
-  if algo not in ALGOS:
-    raise KeyError(f"unknown algo {algo!r}; known: {sorted(ALGOS)}")
-  c.rollout.method, c.learner.advantage, c.learner.aggregation = ALGOS[algo]
-  apply(c, RECIPES.get(algo, {}))
-  if algo == "arpo":   # the group is ARPO's n, half of it started as chains (its scripts: 16, 8)
-    c.rollout.max_branches = int(c.rollout.group_size)
-    c.rollout.initial_branches = max(int(c.rollout.group_size) // 2, 1)
-  if algo in UPDATES:
-    updates = UPDATES[algo]
-    c.train.minibatches = updates if paper_scale(c.model.preset) else min(updates, CPU_UPDATES)
+  """The algorithm's rollout method, estimator, aggregation, recipe and updates per step
+  (`tree_rl.algorithms`); call it after `apply_model` (the papers' RL setting would otherwise
+  overwrite DAPO's clipping and KL; the updates follow the model: the algorithm's at paper
+  scale, at most `CPU_UPDATES` otherwise)."""
+  a = algorithms.get(algo)
+  a.apply(c)
+  if a.updates:
+    c.train.minibatches = a.updates if paper_scale(c.model.preset) else min(a.updates, CPU_UPDATES)
     c.train.ppo_epochs = 1
 
 

@@ -16,7 +16,7 @@ warm start and 100 RL steps; docs/benchmarks.md, "testbed"):
   python -m experiments.train --config=configs/frozenlake.py:algo=chain,testbed --workdir=runs/tb
 Smoke (a minute or two on a CPU):
   python -m experiments.train --config=configs/frozenlake.py:algo=tree_grpo,smoke --workdir=runs/fl_smoke
-algo: grpo | rloo | chain | tree_grpo | patr | tree_random | dapo | gigpo | arpo;  model: tiny | small | hf (with hf_path=...)
+algo: a name in `tree_rl.algorithms` (grpo, tree_grpo, patr, ...);  model: tiny | small | hf (with hf_path=...)
 | qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-3b | qwen2.5-7b | qwen3-4b.
 Any field can be overridden, e.g. --config.rollout.temperature=0.7
 """

@@ -12,7 +12,7 @@ question and the search results, then 200 RL steps; docs/benchmarks.md, "tool-ca
   python -m experiments.train --config=configs/toolcall.py:algo=grpo,testbed --workdir=runs/qa_tb
 Smoke:
   python -m experiments.train --config=configs/toolcall.py:algo=patr,smoke --workdir=runs/qa_smoke
-algo: grpo | rloo | chain | tree_grpo | patr | tree_random | dapo | gigpo | arpo;  model: tiny | small | hf (with hf_path=...)
+algo: a name in `tree_rl.algorithms` (grpo, tree_grpo, patr, ...);  model: tiny | small | hf (with hf_path=...)
 | qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-3b | qwen2.5-7b | qwen3-4b.
 """
 

@@ -83,7 +83,7 @@ def base_config() -> ml_collections.ConfigDict:
       # the page-table width is not a knob: it is the longest context the rollout can reach
   )
   c.rollout = dict(
-      method="patr",            # chain | tree_grpo | patr | tree_random | arpo
+      method="patr",            # a name in tree_rl.rollout.methods' registry
       prompts_per_step=8,       # prompts sampled per RL step
       prompts_per_rollout=0,    # prompts rolled out together: a step runs prompts_per_step / this
                                 # rollouts in turn and the KV pool holds one (0: all at once)

@@ -37,5 +37,9 @@ class Registry:
   def names(self) -> list[str]:
     return sorted(self._items)
 
+  def ordered(self) -> list[str]:
+    """The names in registration order (a replaced one keeps its place)."""
+    return list(self._items)
+
   def __contains__(self, name: str) -> bool:
     return name in self._items

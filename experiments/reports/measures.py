@@ -1,6 +1,6 @@
 """What the reports read off one run summary (`summaries.summarize`): warm-start and final eval
 values, gains, the mean gain over the RL steps, final training values, trajectories per unit of
-budget; and the methods' names.
+budget; and the methods' names (an algorithm's label from `tree_rl.algorithms`).
 
 A measure is named by a string: `gain KEY` (last eval minus the step-0 eval, the warm start),
 `mean_gain KEY` (the mean over the RL steps of KEY's gain curve: its area divided by the steps,
@@ -20,22 +20,24 @@ import math
 
 import numpy as np
 
-LABELS = {"grpo": "chain GRPO", "tree_grpo": "Tree-GRPO", "tree_random": "Tree-Random",
-          "patr": "PATR", "tree_grpo_quarter": "Tree-GRPO, 1/4 budget",
-          "tree_grpo_intra": "Tree-GRPO intra-only", "tree_grpo_inter": "Tree-GRPO inter-only",
-          "patr_drop_pruned": "PATR drop pruned",
-          "patr_best_n": "PATR best n", "dapo": "DAPO", "gigpo": "GiGPO", "arpo": "ARPO"}
+from tree_rl import algorithms
+
+# the report sweeps' arms that vary an algorithm (`experiments/sweeps/report.py`)
+VARIANTS = {"tree_grpo_quarter": "Tree-GRPO, 1/4 budget",
+            "tree_grpo_intra": "Tree-GRPO intra-only", "tree_grpo_inter": "Tree-GRPO inter-only",
+            "patr_drop_pruned": "PATR drop pruned", "patr_best_n": "PATR best n"}
 ENVS = {"frozenlake": "FrozenLake", "toolcall": "Tool-call QA"}
 REFERENCE = "grpo"
 
 
 def label(method: str) -> str:
-  return LABELS.get(method, method)
+  return VARIANTS.get(method) or algorithms.label(method)
 
 
 def ordered(methods) -> list[str]:
-  """Methods in the order of LABELS, then the others by name."""
-  known = list(LABELS)
+  """The algorithms in `algorithms.display_order()`, then the variants, then the others by
+  name."""
+  known = algorithms.display_order() + list(VARIANTS)
   return sorted(methods, key=lambda m: (known.index(m) if m in known else len(known), m))
 
 

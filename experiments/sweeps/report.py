@@ -1,8 +1,8 @@
 """The report sweeps: which runs `experiments/reports/make_report.py` turns into a report
 (`experiments/reports/run_frozenlake_methods.py` runs them, one warm start per seed).
 
-`frozenlake_methods`: chain GRPO, Tree-GRPO, Tree-Random, PATR, DAPO, GiGPO and ARPO on the
-default FrozenLake config, three seeds each.
+`frozenlake_methods`: every compared algorithm (`tree_rl.algorithms.compared()`, in the reports'
+order) on the default FrozenLake config, three seeds each.
 
 `frozenlake_reproduction` (#20, on the `testbed` config, 5 seeds): chain GRPO (group 8),
 Tree-GRPO, Tree-Random and PATR at an equal planned budget of 8 trajectories per prompt, and
@@ -26,10 +26,10 @@ from experiments.sweeps.budget import method_shapes
 from experiments.sweeps.build import base_values
 from experiments.sweeps.core import CONFIG_KEY, Sweep
 from experiments.sweeps.tree_grpo import ADVANTAGE
+from tree_rl import algorithms
 
 PATH = "configs/frozenlake.py"
 TOOLCALL = "configs/toolcall.py"
-METHODS = ("grpo", "tree_grpo", "tree_random", "patr", "dapo", "gigpo", "arpo")
 REPRODUCTION = ("grpo", "tree_grpo", "tree_random", "patr")
 REPRODUCTION_SEEDS = (0, 1, 2, 3, 4)
 ABLATION_SEEDS = (0, 1, 2)
@@ -47,11 +47,11 @@ def _entry(algo: str, shape: dict, arg: str = "", path: str = PATH) -> dict:
 
 def frozenlake_methods() -> Sweep:
   k, shapes = _shapes()
+  methods = tuple(a for a in algorithms.display_order() if a in algorithms.compared())
   return Sweep("frozenlake_methods", f"{PATH}:algo=patr",
-               {algo: _entry(algo, shapes[algo]) for algo in METHODS},
-               equal_budget=(METHODS,),
-               description=f"FrozenLake report: chain GRPO / Tree-GRPO / Tree-Random / PATR / DAPO / "
-                           f"GiGPO / ARPO at "
+               {algo: _entry(algo, shapes[algo]) for algo in methods},
+               equal_budget=(methods,),
+               description=f"FrozenLake report: {' / '.join(map(algorithms.label, methods))} at "
                            f"{k} planned trajectories per prompt, 3 seeds")
 
 

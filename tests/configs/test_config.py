@@ -8,11 +8,13 @@ import sys
 import pytest
 
 from configs import frozenlake, toolcall
-from configs.common import ALGOS
 from experiments.sweeps import build as sweep_build
 from experiments.sweeps.core import Run
+from tree_rl import algorithms
 from tree_rl.config import parse_arg
 
+# algo -> (rollout method, advantage estimator, loss aggregation)
+ALGOS = {a.name: (a.method, a.estimator, a.aggregation) for a in algorithms.all_algorithms()}
 SECTIONS = {"model", "tokenizer", "env", "sampler", "rollout", "learner", "mesh", "checkpoint", "logging"}
 
 

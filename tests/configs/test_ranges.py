@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from configs import codefix, frozenlake, toolcall
-from configs.common import ALGOS
+from tree_rl import algorithms
 from tree_rl.config import RANGES, _flat, base_config, describe, range_errors
 from tree_rl.validation import ConfigError, validate
 
@@ -23,7 +23,7 @@ def test_every_numeric_field_declares_its_range():
 
 @pytest.mark.parametrize("module", [frozenlake, toolcall, codefix])
 def test_shipped_configs_are_in_range(module):
-  for algo in ALGOS:
+  for algo in algorithms.names():
     for extra in ("", ",smoke"):
       assert range_errors(module.get_config(f"algo={algo}{extra}")) == [], (module, algo, extra)
 
