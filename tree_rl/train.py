@@ -60,11 +60,11 @@ def build_parts(config) -> Parts:
   task_set = tasks.build(config, tokenizer)
   try:
     method, engine, layout = rollout_build.make_training_engine(config, task_set.train_env, tokenizer)
+    mesh = capacity.rollout_mesh(config)
     scorer = rollout_build.make_scorer(config, method, env=task_set.train_env, tokenizer=tokenizer,
-                                       policy_model=model)
+                                       policy_model=model, mesh=mesh)
     validate(config, engine=engine, layout=layout)
     train_step = make_train_step(config, model)
-    mesh = capacity.rollout_mesh(config)
     evaluator = Evaluator(config, task_set.test_env, task_set.test_states, tokenizer,
                           shards=_shards(mesh))
   except BaseException:   # a refused config leaves no host env state behind

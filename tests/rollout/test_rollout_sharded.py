@@ -80,6 +80,39 @@ def test_sharded_rollout_builds_the_same_trees(parts, method):
     np.testing.assert_array_equal(getattr(a.budget, k), getattr(b.budget, k), err_msg=k)
 
 
+
+@pytest.mark.parametrize("name, own", [("judge", False), ("prm", True)])
+def test_model_scorers_split_their_rows_over_the_data_shards(parts, name, own):
+  """A PATR rollout scored by the judge or the PRM (reading the policy, or a checkpoint of
+  its own) on the (data=4, tensor=2) mesh scores every branch as the one-device rollout; the
+  judge's cache holds a quarter of the sequences and pages per shard, like the policy's."""
+  from tree_rl.config import base_config
+  from tree_rl.rollout.scorers.resources import sampler_generate
+  env, engine, states, caches = parts
+  mesh = caches["sharded"].mesh
+  policy = methods.get("patr")(rollout_config().rollout)
+  model = moves_model(TOK)
+  c = base_config()
+  c.scorer.update(name=name, judge_max_tokens=2, judge_context_tokens=12, prm_aggregate="mean")
+  if own:
+    c.scorer[f"{name}_model"] = "hf"
+  scores = {}
+  for which, m in (("single", None), ("sharded", mesh)):
+    sc = scorers.from_config(c, env=env, tokenizer=TOK, policy_model=model, judge_model=model,
+                             prm_model=model, max_batch=P * 4, mesh=m)
+    out, caches[which] = run(engine, policy, caches[which], states, jax.random.key(2), scorer=sc,
+                             prompt_ids=jnp.arange(100, 100 + P), capacity=CAPACITY)
+    scores[which] = np.asarray(jax.device_get(out.tree.score))
+  scored = np.isfinite(scores["single"])
+  assert scored.sum() >= P                                   # every prompt was scored
+  np.testing.assert_array_equal(scored, np.isfinite(scores["sharded"]))
+  np.testing.assert_allclose(scores["sharded"][scored], scores["single"][scored], atol=1e-5)
+  gen = sampler_generate(model, max_seqs=32, max_len=20, max_new=2, stop_ids=(), mesh=mesh)
+  one = sampler_generate(model, max_seqs=32, max_len=20, max_new=2, stop_ids=())
+  assert gen.cache().spec.max_seqs == one.cache().spec.max_seqs // 4
+  assert gen.cache().spec.num_pages == one.cache().spec.num_pages // 4
+  np.testing.assert_array_equal(gen.slots(8), [0, 1] * 4)   # rows in shard order, local slots
+
 def test_each_prompt_lives_on_its_shard(parts):
   env, engine, states, caches = parts
   cache = caches["sharded"]

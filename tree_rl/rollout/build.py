@@ -61,13 +61,16 @@ def make_training_engine(config, env, tokenizer) -> tuple[methods.RolloutMethod,
 
 
 def make_scorer(config, method: methods.RolloutMethod, *, env=None, tokenizer=None, policy_model=None,
-                judge_model=None, prm_model=None):
+                judge_model=None, prm_model=None, mesh=None, abstract: bool = False):
   """The process scorer the rollout method needs (None for chain / tree_grpo). Built once: it
-  takes the weights at every call (`scorers.Scorer`), so policy updates need no rebuild."""
+  takes the weights at every call (`scorers.Scorer`), so policy updates need no rebuild.
+  mesh: the rollouts' mesh (`capacity.rollout_mesh`), which a model scorer splits its rows
+  over; abstract: shapes only, for compiling ahead of time (`scorers.from_config`)."""
   if not method.score_every:
     return None
   from tree_rl.rollout.capacity import rollout_prompts   # one rollout's prompts are scored at once
   return scorers.from_config(config, env=env, tokenizer=tokenizer, policy_model=policy_model,
                              judge_model=judge_model, prm_model=prm_model,
                              name=method.scorer_override,
-                             max_batch=rollout_prompts(config) * method.slots)
+                             max_batch=rollout_prompts(config) * method.slots, mesh=mesh,
+                             abstract=abstract)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tree_rl.rollout.scorers.base import Scorer, build
 from tree_rl.rollout.scorers.judge import judge_prompt
@@ -23,23 +24,37 @@ def model_weights(model) -> tuple:
 
 
 def sampler_generate(model, *, max_seqs: int, max_len: int, max_new: int, stop_ids,
-                     page_size: int = 16, kv_dtype: str = "float32", num_pages: int | None = None):
+                     page_size: int = 16, kv_dtype: str = "float32", num_pages: int | None = None,
+                     mesh=None, abstract: bool = False):
   """`generate(weights, tokens [B, L], lengths [B], key) -> (new_tokens [B, max_new], lengths [B])`:
   greedy decoding through the paged sampler of `model`'s architecture with `weights`. One
-  cache is reused: rebound to the call's weights, released and unbound after every call."""
+  cache is reused: rebound to the call's weights, released and unbound after every call.
+
+  mesh: the rollouts' (data, tensor) mesh: the cache's slots and pages split over `data` as the
+  policy's, so each chip generates for its own prompts' rows (a batch's rows in data-shard
+  order, as `score_input` lays them out); without one the cache sits on one device.
+  `max_seqs` (and `num_pages`) count all shards. abstract: shapes only (`generate.cache` for
+  compiling ahead of time); nothing can run."""
   from tree_rl import sampling
 
+  shards = 1 if mesh is None else mesh.shape["data"]
+  if max_seqs % shards:
+    raise ValueError(f"judge cache: {max_seqs} sequences do not split over {shards} data shards")
+  per_shard = max_seqs // shards
   pages_per_seq = -(-(max_len + max_new + 1) // page_size)
-  box = [sampling.unbind(sampling.init_cache(
-      model, max_seqs=max_seqs, page_size=page_size, kv_dtype=kv_dtype,
-      num_pages=num_pages or max_seqs * pages_per_seq, max_pages_per_seq=pages_per_seq))]
+  cache = sampling.init_cache(
+      model, max_seqs=per_shard, page_size=page_size, kv_dtype=kv_dtype,
+      num_pages=(num_pages or max_seqs * pages_per_seq) // shards,
+      max_pages_per_seq=pages_per_seq, mesh=mesh, abstract=abstract)
+  box = [cache if abstract else sampling.unbind(cache)]
   stops = tuple(stop_ids)
 
   def generate(weights, tokens, lengths, key):
     b = tokens.shape[0]
-    if b > max_seqs:
-      raise ValueError(f"judge batch {b} exceeds the judge cache's {max_seqs} sequences")
-    slots = jnp.arange(b, dtype=jnp.int32)
+    if b > max_seqs or b % shards:
+      raise ValueError(f"judge batch {b} does not fit the judge cache's {max_seqs} sequences "
+                       f"over {shards} data shards")
+    slots = jnp.tile(jnp.arange(b // shards, dtype=jnp.int32), shards)   # each shard's own
     valid = lengths > 0
     cache = sampling.rebind(box[0], weights)
     cache, _ = sampling.prefill(cache, slots, tokens, jnp.maximum(lengths, 1), valid,
@@ -50,21 +65,30 @@ def sampler_generate(model, *, max_seqs: int, max_len: int, max_new: int, stop_i
     return jnp.where(out.tokens >= 0, out.tokens, 0), jnp.where(valid, out.lengths, 0)
 
   generate.host = True  # calls the sampler's host API: not jittable as a whole
+  generate.cache = lambda: box[0]   # the (unbound) cache it generates with
+  generate.slots = lambda b: np.tile(np.arange(b // shards, dtype=np.int32), shards)
   return generate
 
 
-def dense_lm(model):
+def dense_lm(model, mesh=None):
   """`lm(weights, tokens, positions, reads) -> logits [B, D, V]` at the positions `reads` [B, D]:
   a jitted causal forward of `model`'s architecture with the given flat weights
-  (`model_weights` layout)."""
+  (`model_weights` layout). mesh: the rollouts' mesh, whose `data` axis splits the rows (as
+  the policy's rows are split), so no chip repeats another's work. `lm.forward` is the jitted
+  function (for compiling ahead of time)."""
   from flax import nnx
+  from jax.sharding import NamedSharding, PartitionSpec
 
   graphdef, state = nnx.split(model)
   leaves, treedef = jax.tree.flatten(state)
   shapes = [(x.shape, x.dtype) for x in leaves]
+  rows = None if mesh is None else NamedSharding(mesh, PartitionSpec("data"))
 
   @jax.jit
   def fwd(weights, tokens, positions, reads):
+    if rows is not None:
+      tokens, positions, reads = (jax.lax.with_sharding_constraint(x, rows)
+                                  for x in (tokens, positions, reads))
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, list(weights)))
     return model(tokens, positions, reads=reads)
 
@@ -76,17 +100,22 @@ def dense_lm(model):
     return fwd(weights, tokens, positions, reads)
 
   lm.host = True
+  lm.forward = fwd
   return lm
 
 
 def from_config(config, *, env=None, tokenizer=None, policy_model=None, judge_model=None,
-                prm_model=None, max_batch: int = 256, name: str | None = None) -> Scorer:
+                prm_model=None, max_batch: int = 256, name: str | None = None, mesh=None,
+                abstract: bool = False) -> Scorer:
   """The scorer of `config.scorer` with the resources it needs built from the given models.
 
   judge / prm: `config.scorer.judge_model` / `prm_model` = 'policy' reads the policy's weights
   at every call (`policy_model` gives the architecture); 'hf' holds a fixed checkpoint: the
   `judge_model` / `prm_model` given, else the one at `judge_hf_path` / `prm_hf_path`.
-  `name` overrides config.scorer.name.
+  `name` overrides config.scorer.name. mesh: the rollouts' (data, tensor) mesh, which the
+  judge's cache and the PRM's rows split over as the policy's (None: one device). abstract:
+  the models are shapes only (`nnx.eval_shape`) and the judge's cache too: the scorer's
+  programs can be compiled ahead of time, not run.
   """
   sc = config.scorer
   if name is not None:
@@ -101,9 +130,10 @@ def from_config(config, *, env=None, tokenizer=None, policy_model=None, judge_mo
     prompt = judge_prompt(sc, env, tokenizer)
     res["generate"] = sampler_generate(
         model, max_seqs=max_batch, max_len=prompt.width + int(sc.judge_context_tokens),
-        max_new=int(sc.judge_max_tokens), stop_ids=tokenizer.stop_ids)
+        max_new=int(sc.judge_max_tokens), stop_ids=tokenizer.stop_ids, mesh=mesh,
+        abstract=abstract)
   else:
-    res["lm"] = dense_lm(model)
+    res["lm"] = dense_lm(model, mesh)
   return build(sc, weights_from=weights_from,
                weights=model_weights(model) if weights_from == "own" else None, **res)
 
