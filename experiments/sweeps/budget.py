@@ -10,7 +10,8 @@ chains; Tree-GRPO grows M trees with its N expansions per tree (L rounds) so tha
 M * (1 + L*N/2) = k; PATR and Tree-Random raise their initial branches B0 and top-k with the
 budget (M children and the scoring interval K of the base config; M + 1 only where no M shape
 lands within 10%) and get exactly the branch cap their schedule starts; DAPO and GiGPO sample k
-chains; ARPO starts about k/2 chains and caps its branches so its worst case plans k.
+chains; ARPO starts about k/2 chains and caps its branches so its worst case plans k. The methods
+are `tree_rl.algorithms.compared()`, each shaped by its rollout method (`SHAPES`).
 """
 
 import functools
@@ -19,10 +20,11 @@ import types
 
 from experiments.sweeps.build import load_config, one_trajectory_tokens
 from experiments.sweeps.core import CONFIG_KEY, Sweep
-from tree_rl.rollout.budget import patr_schedule, planned_trajectories
+from tree_rl import algorithms
+from tree_rl.rollout import methods
+from tree_rl.rollout.budget import planned_trajectories
 
 BUDGETS = (2, 4, 8, 16)
-ALGOS = ("grpo", "tree_grpo", "patr", "tree_random", "dapo", "gigpo", "arpo")
 TOLERANCE = 0.10
 
 
@@ -39,23 +41,36 @@ def _rollout(path: str, algo: str, overrides: dict):
   return types.SimpleNamespace(**fields)
 
 
+def _error(path: str, algo: str, k: int, overrides: dict) -> float:
+  """How far the planned trajectories of `overrides` are from k, relative (inf for a shape
+  its rollout method refuses)."""
+  try:
+    return abs(planned_trajectories(_rollout(path, algo, overrides)) - k) / k
+  except ValueError:
+    return float("inf")
+
+
 def _best(path: str, algo: str, k: int, candidates, penalty):
   """The candidate whose planned trajectories are nearest k (then the smallest penalty)."""
   def key(c):
-    err = abs(planned_trajectories(_rollout(path, algo, c)) - k) / k
-    return (round(err, 9), penalty(c))
+    return (round(_error(path, algo, k, c), 9), penalty(c))
   best = min(candidates, key=key)
   if key(best)[0] > TOLERANCE:
     raise ValueError(f"no {algo} shape of {path} plans {k} trajectories within 10%")
   return best
 
 
-def _tree_grpo(path: str, k: int) -> dict:
-  r = _rollout(path, "tree_grpo", {})
+def _chain(path: str, algo: str, k: int, extra: dict) -> dict:
+  del path, algo, extra
+  return {"rollout.group_size": k}
+
+
+def _tree_grpo(path: str, algo: str, k: int, extra: dict) -> dict:
+  r = _rollout(path, algo, {})
   cands = [{"rollout.num_trees": m, "rollout.expand_nodes": n,
             "rollout.expand_iterations": int(r.expand_iterations)}
            for m in range(1, k + 1) for n in range(1, 5)]
-  return _best(path, "tree_grpo", k, cands,
+  return _best(path, algo, k, cands,
                lambda c: (c["rollout.expand_nodes"] != int(r.expand_nodes),))
 
 
@@ -66,7 +81,8 @@ def _patr(path: str, algo: str, k: int, extra: dict) -> dict:
                                       range(1, k + 1), range(1, k + 1)):
     c = {**extra, "rollout.initial_branches": b0, "rollout.expand_children": m,
          "rollout.expand_top_k": top, "rollout.max_branches": 64 * k}
-    c["rollout.max_branches"] = patr_schedule(_rollout(path, algo, c))[1]
+    rc = _rollout(path, algo, c)
+    c["rollout.max_branches"] = methods.get(rc.method)(rc).schedule(int(rc.max_turns))[1]
     cands.append(c)
   # prefer the base M, then the most branches started by expansions, then the smallest top-k
   return _best(path, algo, k, cands, lambda c: (
@@ -74,29 +90,38 @@ def _patr(path: str, algo: str, k: int, extra: dict) -> dict:
       c["rollout.initial_branches"] - c["rollout.max_branches"], c["rollout.expand_top_k"]))
 
 
-def _arpo(path: str, k: int) -> dict:
+def _arpo(path: str, algo: str, k: int, extra: dict) -> dict:
   """ARPO's split of the budget: about half global chains, half entropy forks (B0 = k/2 or
   the nearest that plans k within 10%)."""
   def err(c):
-    return abs(planned_trajectories(_rollout(path, "arpo", c)) - k) / k
+    return _error(path, algo, k, c)
   cands = [c for c in ({"rollout.initial_branches": b0, "rollout.max_branches": m}
                        for b0 in range(1, k + 1) for m in range(b0, 4 * k + 1))
            if err(c) <= TOLERANCE]
   if not cands:
-    raise ValueError(f"no arpo shape of {path} plans {k} trajectories within 10%")
+    raise ValueError(f"no {algo} shape of {path} plans {k} trajectories within 10%")
   return min(cands, key=lambda c: (abs(2 * c["rollout.initial_branches"] - k), round(err(c), 9)))
 
 
+# rollout method -> (path, algo, k, patr_extra) -> the overrides planning k trajectories
+SHAPES = {"chain": _chain, "tree_grpo": _tree_grpo, "patr": _patr, "tree_random": _patr,
+          "arpo": _arpo}
+
+
 def method_shapes(path: str, k: int, patr_extra: dict | None = None) -> dict:
-  """{algo: overrides} giving each method a rollout that plans k trajectories per prompt (DAPO
-  and GiGPO are chains of k; DAPO's dynamic sampling draws `rollout.draw_factor` times the
-  prompts, up to `rollout.max_draws` times, which `rollout/draws` and
-  `rollout/cost_per_kept_group` report)."""
+  """{algo: overrides} giving each compared algorithm a rollout that plans k trajectories per
+  prompt (DAPO and GiGPO are chains of k; DAPO's dynamic sampling draws `rollout.draw_factor`
+  times the prompts, up to `rollout.max_draws` times, which `rollout/draws` and
+  `rollout/cost_per_kept_group` report); `patr_extra` overrides PATR's and Tree-Random's."""
   extra = dict(patr_extra or {})
-  return {"grpo": {"rollout.group_size": k}, "tree_grpo": _tree_grpo(path, k),
-          "patr": _patr(path, "patr", k, extra), "tree_random": _patr(path, "tree_random", k, extra),
-          "dapo": {"rollout.group_size": k}, "gigpo": {"rollout.group_size": k},
-          "arpo": _arpo(path, k)}
+  out = {}
+  for algo in algorithms.compared():
+    method = algorithms.get(algo).method
+    if method not in SHAPES:
+      raise ValueError(f"no budget shape for rollout method {method!r} (algo={algo}): add one "
+                       f"to experiments.sweeps.budget.SHAPES")
+    out[algo] = SHAPES[method](path, algo, k, extra)
+  return out
 
 
 def budget_entries(path: str, budgets=BUDGETS, patr_extra: dict | None = None) -> dict:
@@ -110,7 +135,7 @@ def budget_entries(path: str, budgets=BUDGETS, patr_extra: dict | None = None) -
 
 
 def equal_budget_groups(budgets=BUDGETS) -> tuple:
-  return tuple(tuple(f"{a}_b{k}" for a in ALGOS) for k in budgets)
+  return tuple(tuple(f"{a}_b{k}" for a in algorithms.compared()) for k in budgets)
 
 
 def _curve(name: str, path: str, what: str, patr_extra: dict | None = None):

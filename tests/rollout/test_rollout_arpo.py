@@ -271,7 +271,7 @@ def test_arpo_respects_the_budget_cap():
     assert (leaves.sum(1) <= 8).all() and leaves.sum() > P * 2   # some forks did fit
     free = rollout(arpo_rule="threshold", entropy_threshold=-100.0, max_branches=8)
     assert (np.asarray(free.budget.spent(unit)) > limit).all()
-  # the planned cost (budget.arpo_plan: the full group) bounds the free rollout
+  # the planned cost (ARPO.planned_trajectories: the full group) bounds the free rollout
   rc = rollout_config(method="arpo", initial_branches=2, max_branches=8).rollout
   assert (np.asarray(free.budget.env_steps) <= planned_cost(rc, "env_steps")).all()
 

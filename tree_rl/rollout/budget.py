@@ -29,15 +29,11 @@ fewer, complete chains.
 `validation` refuses a budget below one trajectory's cost (`CostModel.trajectory`).
 
 Planned cost (`planned_trajectories`, `planned_cost`): what a config's rollout shape costs per
-prompt if every branch runs to the turn limit, in trajectories (x `trajectory` for a unit):
-chain G; Tree-GRPO M * (1 + L * N / 2) (the paper's E[B_tree] = M*B + L*N*B/2 with its N
-counted over the M trees; here N is per tree, so M*L*N expansions start half-way down on
-average: 6 trajectories for 4 at M=N=2, L=1, the paper's 1.5x); PATR / Tree-Random B0 plus,
-at every scoring round r (turn r*K < max_turns), the branches its expansions start, each
-(max_turns - r*K) / max_turns of a trajectory, with all branches alive and none pruned; ARPO
-its group of max_branches rollouts, each at most a whole trajectory (fresh chains fill the
-group; a fork starts after its parent's turn and costs less). Sweeps
-that compare methods at an equal budget are checked against it (`experiments/sweeps/build.py`).
+prompt if every branch runs to the turn limit, in trajectories (x `trajectory` for a unit). Each
+rollout method states its own (`RolloutMethod.planned_trajectories`: chain G; Tree-GRPO
+M * (1 + L * N / 2); PATR / Tree-Random B0 plus the branches its expansions start, with all
+branches alive and none pruned; ARPO its full group). Sweeps that compare methods at an equal
+budget are checked against it (`experiments/sweeps/build.py`).
 """
 
 from __future__ import annotations
@@ -48,6 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+
+from tree_rl.rollout import methods
 
 UNITS = ("generated", "computed", "tool_calls", "env_steps")
 
@@ -168,38 +166,10 @@ def admit(costs: CostModel, unit: str, limit: int, spent: jax.Array, parents: ja
   return jnp.where(req & (running | (need <= limit)), parents, -1)
 
 
-def patr_schedule(rc) -> tuple[float, int]:
-  """PATR's plan: `routing.patr_route` on B0 branches that all stay alive and unpruned.
-  -> (planned trajectories, branches started)."""
-  alive = int(rc.initial_branches)
-  total = float(alive)
-  extra, k, turns = int(rc.expand_children) - 1, int(rc.score_every), int(rc.max_turns)
-  for depth in range(k, turns, k):
-    if extra <= 0:
-      break
-    new = min(int(rc.expand_top_k), alive, (int(rc.max_branches) - alive) // extra) * extra
-    total += new * (turns - depth) / turns
-    alive += new
-  return total, alive
-
-
-def arpo_plan(rc) -> float:
-  """ARPO's worst-case trajectories per prompt: its full group (module docstring)."""
-  return float(rc.max_branches)
-
-
 def planned_trajectories(rc) -> float:
-  """Planned cost per prompt of `config.rollout` `rc`, in full trajectories (module docstring)."""
-  method = rc.method
-  if method == "chain":
-    return float(rc.group_size)
-  if method == "tree_grpo":
-    return int(rc.num_trees) * (1 + int(rc.expand_iterations) * int(rc.expand_nodes) / 2)
-  if method in ("patr", "tree_random"):
-    return patr_schedule(rc)[0]
-  if method == "arpo":
-    return arpo_plan(rc)
-  raise ValueError(f"no planned cost for config.rollout.method={method!r}")
+  """Planned cost per prompt of `config.rollout` `rc`, in full trajectories: its method's
+  `planned_trajectories` (module docstring)."""
+  return methods.get(rc.method)(rc).planned_trajectories(int(rc.max_turns))
 
 
 def planned_cost(rc, unit: str | None = None, **capacities) -> float | None:

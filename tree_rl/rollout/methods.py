@@ -30,11 +30,14 @@ A rollout method (the branching rule, not the LM policy) chooses, at every turn 
                  group holds max_branches (its group filling), so every group is full unless a
                  budget cap refuses.
 
-Register a new method with `@register("name")` on a `factory(rcfg) -> RolloutMethod`.
+Register a new method with `@register("name")` on a `factory(rcfg) -> RolloutMethod`; its class
+fills in what `RolloutMethod` leaves abstract: `capacity`, `first`, `next` and
+`planned_trajectories` (the cost `tree_rl.rollout.budget` plans and the reports print).
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Any, Callable
 
@@ -54,7 +57,7 @@ def alive(tree: Tree, nodes: jax.Array) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutMethod:
+class RolloutMethod(abc.ABC):
   """Static description plus pure per-boundary decisions (all jittable)."""
 
   name: str
@@ -69,19 +72,25 @@ class RolloutMethod:
   keep_only_requested: bool = False   # with keep_contexts: at each boundary, release every node
                                       # the next turn does not branch from
 
+  @abc.abstractmethod
   def capacity(self, max_turns: int) -> int:
-    raise NotImplementedError
+    """Most tree nodes a prompt's rollout can create."""
+
+  @abc.abstractmethod
+  def planned_trajectories(self, max_turns: int) -> float:
+    """Planned cost per prompt, in full trajectories, if every branch runs to `max_turns`
+    (`tree_rl.rollout.budget`: x one trajectory's cost for a unit)."""
 
   def init(self, num_prompts: int) -> Any:
     return jnp.zeros((num_prompts,), jnp.int32)
 
+  @abc.abstractmethod
   def first(self, tree: Tree, pstate):
     """-> (parents [P, S], pstate) right after the roots exist."""
-    raise NotImplementedError
 
+  @abc.abstractmethod
   def next(self, tree: Tree, frontier, pstate, scores, key):
     """-> (parents [P, S], pstate, pruned [P, S]) after a turn; `scores` [P, S] or None."""
-    raise NotImplementedError
 
   def keep_leaves(self, tree: Tree, key) -> jax.Array:
     """bool [P, N]: leaves that enter the training group."""
@@ -115,6 +124,10 @@ class Chain(RolloutMethod):
   def capacity(self, max_turns):
     return 1 + self.group_size * max_turns
 
+  def planned_trajectories(self, max_turns):
+    """G chains."""
+    return float(self.group_size)
+
   def first(self, tree, pstate):
     return jnp.zeros((tree.num_prompts, self.slots), jnp.int32), pstate
 
@@ -140,6 +153,12 @@ class TreeGRPO(RolloutMethod):
 
   def max_leaves(self):
     return self.num_trees * (1 + self.expand_iterations * self.expand_nodes)
+
+  def planned_trajectories(self, max_turns):
+    """M * (1 + L * N / 2): the paper's E[B_tree] = M*B + L*N*B/2 with its N counted over the M
+    trees; here N is per tree, so M*L*N expansions start half-way down on average (6
+    trajectories for 4 at M=N=2, L=1: the paper's 1.5x)."""
+    return self.num_trees * (1 + self.expand_iterations * self.expand_nodes / 2)
 
   def first(self, tree, pstate):
     p = tree.num_prompts
@@ -193,6 +212,24 @@ class PATR(Branching):
   keep_pruned: bool = True
   keep_best: int = 0
 
+  def schedule(self, max_turns: int) -> tuple[float, int]:
+    """`routing.patr_route` on B0 branches that all stay alive and unpruned: -> (trajectories,
+    branches started). At every scoring round r (turn r*K < max_turns) the expansions start
+    branches that run (max_turns - r*K) / max_turns of a trajectory."""
+    alive = self.initial_branches
+    total = float(alive)
+    extra, k = self.expand_children - 1, self.score_every
+    for depth in range(k, max_turns, k):
+      if extra <= 0:
+        break
+      new = min(self.expand_top_k, alive, (self.max_branches - alive) // extra) * extra
+      total += new * (max_turns - depth) / max_turns
+      alive += new
+    return total, alive
+
+  def planned_trajectories(self, max_turns):
+    return self.schedule(max_turns)[0]
+
   def next(self, tree, frontier, pstate, scores, key):
     go = alive(tree, frontier)
     run = gather(tree.action_run, frontier)
@@ -223,6 +260,11 @@ class ARPO(Branching):
   alpha: float = 0.5
   beta: float = 0.2
   entropy_threshold: float = 0.0
+
+  def planned_trajectories(self, max_turns):
+    """Its full group of max_branches rollouts, each at most a whole trajectory (fresh chains
+    fill the group; a fork starts after its parent's turn and costs less)."""
+    return float(self.max_branches)
 
   def next(self, tree, frontier, pstate, scores, key):
     """Running branches continue and may fork; a prompt with none starts a chain (docstring)."""
@@ -256,8 +298,8 @@ names = _REGISTRY.names
 
 def _positive(rc, *fields):
   for f in fields:
-    if int(rc[f]) < 1:
-      raise ValueError(f"config.rollout.{f} must be >= 1, got {rc[f]}")
+    if int(getattr(rc, f)) < 1:
+      raise ValueError(f"config.rollout.{f} must be >= 1, got {getattr(rc, f)}")
 
 
 @register("chain")
