@@ -151,6 +151,40 @@ def test_the_layer_scan_is_counted_once_per_layer(tpu_devices):
   assert res.flops * V5E.num_chips < 0.6 * hand   # what the cost analysis alone says
 
 
+
+@pytest.mark.parametrize("name", ["prm", "judge"])
+def test_model_scorer_programs_split_their_rows_over_the_data_shards(tpu_devices, name):
+  """PATR's judge / PRM programs compile with the step's. By hand: a PRM call is a dense forward
+  of every slot's serialised trajectory (all T^2 pairs, logits at the D step reads) whose rows
+  split over the rollouts' data shards, so a chip executes its share, not the whole batch; the
+  judge's cache holds each shard's share of the sequences and pages; both stay resident."""
+  config = configs.frozenlake.get_config("algo=patr,smoke")
+  config.scorer.name = name
+  sp = programs.StepPrograms(config, tpu_devices)
+  try:
+    sm, shards = sp.scorer, sp.rollout_mesh.shape["data"]
+    assert shards > 1 and sm.rows == sp.layout.num_prompts * sp.layout.slots
+    progs = sm.programs(sp)
+    results = [analysis.compile_program(p) for p in progs]
+    assert not [r.error for r in results if r.error]
+    k = int(config.rollout.score_every)   # scored after turns k, 2k, ..., every rollout
+    assert all(p.calls == sp.shape.turns // k * sp.shape.rollouts for p in progs)
+    resident = programs.resident_bytes(sp)
+    if name == "prm":
+      d = sp.engine.max_turns
+      hand = sm.rows * sm.work.forward(sm.width, sm.width * sm.width, logits=d)
+      assert results[0].flops * shards == pytest.approx(hand, rel=0.10)
+      assert "scorer_cache" not in resident
+    else:
+      assert [p.name.split("[")[0] for p in progs] == ["rollout/judge_prefill", "rollout/judge_decode"]
+      spec = sm.cache.spec
+      assert spec.max_seqs == sm.rows // shards
+      pages = -(-(sm.width + int(config.scorer.judge_max_tokens) + 1) // spec.page_size)
+      assert spec.max_pages_per_seq == pages and spec.num_pages == sm.rows * pages // shards
+      assert resident["scorer_cache"] >= spec.num_pages * spec.page_size * sm.work.kv_token_bytes
+  finally:
+    sp.close()
+
 def test_a_step_that_cannot_fit_says_so(tpu_devices):
   mesh = jax.sharding.Mesh(np.array(tpu_devices), ("data",))
   x = jax.ShapeDtypeStruct((80_000,), jnp.float32, sharding=NamedSharding(mesh, P()))

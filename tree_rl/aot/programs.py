@@ -7,7 +7,8 @@ engine's row buckets and the learner's batches (`from_rollout.make_batches` over
 trees). The workload is stated, not measured: each prompt grows its method's planned number of
 trajectories (`budget.planned_trajectories`), every one running `max_turns` turns with full
 replies and observations (the longest the config allows); live rows per turn are that many
-branches per prompt, rounded to the engine's row bucket. Light bookkeeping programs (tree and
+branches per prompt, rounded to the engine's row bucket. A model scorer (judge or PRM) adds its
+programs to the rollout's (`ScorerModel`). Light bookkeeping programs (tree and
 env updates, plans) hold no weights and are not listed.
 
 Real work (`Work`) is counted by hand: a forward pass costs 2 x (matmul parameters) FLOPs per
@@ -184,6 +185,7 @@ class StepPrograms:
     self.tokenizer = build_tokenizer(config)
     self.model, self.model_config = abstract_model(config, self.tokenizer)
     env = envs.from_config(config, self.tokenizer)
+    self.env = env
     self.method, self.engine, layout = rollout_build.make_training_engine(config, env,
                                                                           self.tokenizer)
     self.closers = [env]
@@ -207,6 +209,7 @@ class StepPrograms:
         page_size=int(s.page_size))
     self.train_step = make_train_step(config, self.model,
                                       mesh=sharding.make_mesh(config.mesh, devices))
+    self.scorer = ScorerModel.of(self)
 
   def close(self):
     for env in self.closers:
@@ -232,10 +235,7 @@ class StepPrograms:
   # ------------------------------------------------------------------ weights and KV bytes
   def sampler_weight_bytes(self) -> float:
     """Bytes of the sampler's weights one chip holds (split over the tensor axis only)."""
-    total = sum(math.prod(x.shape) * x.dtype.itemsize for x in self.cache.params)
-    sharded = sum(math.prod(x.shape) * x.dtype.itemsize for x in self.cache.params
-                  if any(a is not None for a in x.sharding.spec))
-    return total - sharded + sharded / self.shape.tensor
+    return _weight_bytes(self.cache.params, self.shape.tensor)
 
   def _kv(self, tokens: float) -> float:
     """KV bytes of `tokens` tokens on one chip (KV heads split over the tensor axis)."""
@@ -381,11 +381,142 @@ class StepPrograms:
     out = []
     if "rollout" in phases:
       out += self.rollout_programs()
+      out += self.scorer.programs(self) if self.scorer else []
     if "learner" in phases:
       out += self.learner_programs()
     if "eval" in phases:
       out += self.eval_programs()
     return out
+
+
+@dataclasses.dataclass
+class ScorerModel:
+  """The process scorer's model programs (`config.scorer.name` judge or prm, when the method
+  scores), built as a run builds them (`scorers.from_config` on the rollouts' mesh) from
+  abstract models. A scoring call takes every slot of the rollout ([prompts x slots] rows, at
+  the engine's longest context); the real work is the planned live branches at their real
+  length after the scoring turn (`rounds`: turns K, 2K, ... up to `max_turns`)."""
+
+  name: str
+  lower: dict               # program -> () -> Lowered
+  rows: int                 # rows of one scoring call
+  width: int                # tokens per row (the serialised trajectory or the judge's prompt)
+  weights: tuple            # the scorer model's flat weights, placed as the sampler's
+  work: ModelWork
+  own_weights: bool         # a checkpoint of its own (else the policy's weights)
+  cache: Any = None         # the judge's cache (abstract)
+  extra: int = 0            # judge: tokens besides the trajectory; prm: per-step separators
+
+  @staticmethod
+  def of(sp: "StepPrograms") -> "ScorerModel | None":
+    from tree_rl.rollout.scorers.judge import judge_prompt
+    from tree_rl.rollout.scorers.prm import PrmFormat
+    from tree_rl.rollout.scorers.resources import dense_lm, sampler_generate
+    sc, method = sp.config.scorer, sp.method
+    name = method.scorer_override or sc.name
+    if not method.score_every or name not in ("judge", "prm"):
+      return None
+    own = sc[f"{name}_model"] == "hf"
+    model, cfg = (sp.model, sp.model_config) if not own else _checkpoint_shape(sp, name)
+    mesh = sp.rollout_mesh
+    rows = sp.layout.num_prompts * sp.layout.slots
+    weights = sp.cache.params if not own else sampling.init_cache(
+        model, max_seqs=1, num_pages=1, max_pages_per_seq=1, mesh=mesh, abstract=True).params
+    work = ModelWork.of(cfg, sp.config.sampler.kv_dtype)
+    if name == "prm":
+      fmt = PrmFormat.from_config(sc, sp.tokenizer)
+      d, ctx = sp.engine.max_turns, sp.engine.max_context()
+      width = len(fmt.prefix) + ctx + len(fmt.middle) + d * len(fmt.separator)
+      lm = dense_lm(model, mesh)
+      args = (weights, _rows(mesh, (rows, width), jnp.int32),
+              _rows(mesh, (rows, width), jnp.int32), _rows(mesh, (rows, d), jnp.int32))
+      return ScorerModel("prm", {"forward": lambda: lm.forward.lower(*args)}, rows, width,
+                         weights, work, own, extra=len(fmt.separator))
+    prompt = judge_prompt(sc, sp.env, sp.tokenizer)
+    width = prompt.width + int(sc.judge_context_tokens)
+    gen = sampler_generate(model, max_seqs=rows, max_len=width,
+                           max_new=int(sc.judge_max_tokens), stop_ids=sp.tokenizer.stop_ids,
+                           mesh=mesh, abstract=True)
+    cache = gen.cache().replace(params=weights)
+    return ScorerModel("judge", {}, rows, width, weights, work, own, cache=cache,
+                       extra=prompt.width)
+
+  def rounds(self, shape: "StepShape", every: int) -> list[int]:
+    return list(range(every, shape.turns + 1, every))
+
+  def programs(self, sp: "StepPrograms") -> list[Program]:
+    shape, mesh, sc = sp.shape, sp.rollout_mesh, sp.config.scorer
+    rounds = self.rounds(shape, sp.method.score_every)
+    calls = shape.rollouts * len(rounds)
+    live = shape.prompts * min(shape.trajectories, shape.slots)
+    lengths = [shape.prompt_tokens + t * (shape.max_new + shape.obs_tokens) for t in rounds]
+    weights = _weight_bytes(self.weights, shape.tensor)
+    if self.name == "prm":
+      flops = np.mean([live * self.work.forward(n + self.extra * t,
+                                                causal_pairs(0, n + self.extra * t), logits=t)
+                       for n, t in zip(lengths, rounds)])
+      return [Program(f"rollout/prm[{self.rows}x{self.width}]", "rollout", self.lower["forward"],
+                      calls, Work(flops=float(flops), bytes=weights),
+                      note=f"{len(rounds)} scoring rounds per rollout; every slot at the longest "
+                           "context")]
+    gen = int(sc.judge_max_tokens)
+    ctx = [self.extra + min(n, int(sc.judge_context_tokens)) for n in lengths]
+    per_chip = live / shape.shards
+    prefill = Work(flops=float(np.mean([live * self.work.forward(n, causal_pairs(0, n), logits=1)
+                                        for n in ctx])),
+                   bytes=weights + float(np.mean([self._kv(per_chip * n, shape) for n in ctx])))
+    step = Work(flops=float(np.mean([live * self.work.forward(1, n + gen / 2) for n in ctx])),
+                bytes=weights + float(np.mean([self._kv(per_chip * (n + gen / 2), shape)
+                                               for n in ctx])))
+    rows, cache = self.rows, self.cache
+    slots = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=NamedSharding(mesh, P("data")))
+    pre_args = (slots, _rows(mesh, (rows, self.width), jnp.int32), _rows(mesh, (rows,), jnp.int32),
+                _rows(mesh, (rows,), jnp.bool_))
+    dec_args = (slots, _rows(mesh, (rows,), jnp.bool_), _keys(mesh, rows),
+                _rows(mesh, (rows,), jnp.int32), _rows(mesh, (rows,), jnp.int32),
+                _replicated(mesh, (len(sp.tokenizer.stop_ids) or 1,), jnp.int32),
+                _rows(mesh, (rows,), jnp.float32))
+    mp = cache.spec.max_pages_per_seq
+    window = pow2_bucket(-(-(self.width + gen) // cache.spec.page_size), 0, mp) or 1
+    statics = lambda seg: sampling.decode_statics(max_new=gen, window_pages=window,  # noqa: E731
+                                                  turn_segments=seg)
+    lower = lambda seg: lambda: sampling.lowered("decode", cache, *dec_args, **statics(seg))  # noqa: E731
+    return [Program(f"rollout/judge_prefill[{rows}x{self.width}]", "rollout",
+                    lambda: sampling.lowered("prefill", cache, *pre_args, prefix_pages=0), calls,
+                    prefill, note=f"{len(rounds)} scoring rounds per rollout; every slot"),
+            Program(f"rollout/judge_decode[{rows} rows, {self.width} ctx]", "rollout", lower(1),
+                    calls, step, loops=[Loop("decode steps", gen, lower(2), twin=True)],
+                    per_step=True, note=f"per step; window {window} pages")]
+
+  def _kv(self, tokens: float, shape: "StepShape") -> float:
+    return tokens * self.work.kv_token_bytes / shape.tensor
+
+  def resident(self) -> dict:
+    out = {"scorer_cache": per_chip_bytes(self.cache.state)} if self.cache is not None else {}
+    if self.own_weights:
+      out["scorer_weights"] = per_chip_bytes(self.weights)
+    return out
+
+
+def _checkpoint_shape(sp: "StepPrograms", name: str):
+  """The abstract model of the scorer's own checkpoint (`config.scorer.{name}_hf_path`): its
+  config.json only, no weight read."""
+  from tree_rl.models import abstract_model
+  c = sp.config.copy_and_resolve_references()
+  path = c.scorer[f"{name}_hf_path"]
+  if not path:
+    raise ValueError(f"config.scorer.{name}_hf_path must name a local checkpoint when "
+                     f"{name}_model=hf")
+  c.model.preset, c.model.hf_path = "hf", path
+  return abstract_model(c, sp.tokenizer)
+
+
+def _weight_bytes(weights, tensor: int) -> float:
+  """Bytes of flat weights one chip holds (those with a sharded axis split over `tensor`)."""
+  total = sum(math.prod(x.shape) * x.dtype.itemsize for x in weights)
+  sharded = sum(math.prod(x.shape) * x.dtype.itemsize for x in weights
+                if any(a is not None for a in x.sharding.spec))
+  return total - sharded + sharded / tensor
 
 
 def _batch_work(batch) -> tuple[int, int]:
@@ -414,7 +545,8 @@ def resident_bytes(step: StepPrograms) -> dict:
   """What stays in a chip's memory while a phase's programs run (`step.RESIDENT_IN`): the
   sampler cache (KV pool, page tables, its weights; rollouts and evaluation), the train state
   (float32 master weights, AdamW moments), the frozen reference weights when the KL term is
-  on, and the gradient sums (between the learner's micro-batches)."""
+  on, the gradient sums (between the learner's micro-batches), and a model scorer's cache and
+  own weights (`ScorerModel.resident`)."""
   state = step.train_step.abstract_state()
   out = {"sampler_cache": per_chip_bytes((step.cache.params, step.cache.state)),
          "train_state": per_chip_bytes(state)}
@@ -422,4 +554,6 @@ def resident_bytes(step: StepPrograms) -> dict:
     out["reference"] = per_chip_bytes(state.params)
   if int(step.config.learner.row_tokens):
     out["gradient_sums"] = per_chip_bytes(state.params)
+  if step.scorer:
+    out.update(step.scorer.resident())
   return out

@@ -9,7 +9,8 @@ from tree_rl.aot.chips import GIB, Topology
 
 # What a chip holds through each phase (`programs.resident_bytes`): the KV pool is freed
 # before the learner's update (`sampling.free`) and rebuilt after it.
-RESIDENT_IN = {"rollout": ("sampler_cache", "train_state", "reference"),
+RESIDENT_IN = {"rollout": ("sampler_cache", "train_state", "reference", "scorer_cache",
+                           "scorer_weights"),
                "eval": ("sampler_cache", "train_state", "reference"),
                "learner": ("train_state", "reference", "gradient_sums")}
 

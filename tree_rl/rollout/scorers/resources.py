@@ -130,7 +130,8 @@ def from_config(config, *, env=None, tokenizer=None, policy_model=None, judge_mo
     prompt = judge_prompt(sc, env, tokenizer)
     res["generate"] = sampler_generate(
         model, max_seqs=max_batch, max_len=prompt.width + int(sc.judge_context_tokens),
-        max_new=int(sc.judge_max_tokens), stop_ids=tokenizer.stop_ids, mesh=mesh,
+        max_new=int(sc.judge_max_tokens), stop_ids=tokenizer.stop_ids,
+        page_size=int(config.sampler.page_size), kv_dtype=config.sampler.kv_dtype, mesh=mesh,
         abstract=abstract)
   else:
     res["lm"] = dense_lm(model, mesh)
