@@ -9,7 +9,8 @@ dict. A value is `[tag, payload]` (`["n"]`, `["b", true]`, `["i", "12"]`, `["f",
 as text, so no JSON reader converts them. `encode` raises TypeError on any other type and
 `decode` raises ValueError on anything that is not such a value, so what a decoder returns
 holds builtin objects only, whatever produced the text. The module imports nothing but `math`
-because its source is also part of the sandbox's runner.
+because the sandbox's runner (`tree_rl.envs.sandbox_runner`) reads it by path, with the standard
+library alone on its import path.
 """
 
 import math

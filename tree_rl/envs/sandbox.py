@@ -12,19 +12,20 @@ resolves outside the workspace, a non-regular file, reading a file larger than `
 write whose UTF-8 size exceeds it. Its one-line message is what the agent sees.
 
 `run_tests` runs test code given as text: it reaches the runner on stdin and is never written to
-disk, so an agent cannot read hidden tests from the workspace. The runner (`_RUNNER`, run with
-`python -c`) has a root half that sets up, waits and reports, and a test half forked from it that
-execs the source as a module (workspace first on `sys.path`) and calls its `test_*` functions in
-definition order, printing `PASS name` or `FAIL name: ExcType: message`. The root half prints the
-last line, `RESULT <passed> <total>`, from a report sent over a private pipe, so a test that prints
-its own RESULT line and exits scores 0/0; after a time-out or a crash a `sandbox: ...` line says
-why. `run_calls` (the codefix reward, `tree_rl.envs.judge`) uses the same runner in calls mode: the
-child imports a module and makes given calls, writing one JSON line of plain data per call and
-nothing else; the parent accepts exactly one line per call, in order, from a child that exited 0
-by itself (the root half's exit status, which the child cannot forge), and voids the run
-otherwise. The child gets no expected value, no test source and no report channel. The set-up lives in the runner rather than in a preexec_fn: spawning needs no fork of a large,
-threaded parent, and the root half stays to reap (an init that never reaps would otherwise keep
-zombies of the tests' uid, which count against RLIMIT_NPROC for good).
+disk, so an agent cannot read hidden tests from the workspace. The runner
+(`tree_rl.envs.sandbox_runner`, a file run by path with the flags below) has a root half that sets
+up, waits and reports, and a test half forked from it that execs the source as a module (workspace
+first on `sys.path`) and calls its `test_*` functions in definition order, printing `PASS name` or
+`FAIL name: ExcType: message`. The root half prints the last line, `RESULT <passed> <total>`, from a
+report sent over a private pipe, so a test that prints its own RESULT line and exits scores 0/0;
+after a time-out or a crash a `sandbox: ...` line says why. `run_calls` (the codefix reward,
+`tree_rl.envs.judge`) uses the same runner in calls mode: the child imports a module and makes given
+calls, writing one JSON line of plain data per call and nothing else; the parent accepts exactly one
+line per call, in order, from a child that exited 0 by itself (the root half's exit status, which
+the child cannot forge), and voids the run otherwise. The child gets no expected value, no test
+source and no report channel. The set-up lives in the runner rather than in a preexec_fn: spawning
+needs no fork of a large, threaded parent, and the root half stays to reap (an init that never reaps
+would otherwise keep zombies of the tests' uid, which count against RLIMIT_NPROC for good).
 
 Layers, and what each stops:
 
@@ -68,7 +69,6 @@ per run.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import os
 import select
@@ -84,10 +84,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping, Sequence
 
 from tree_rl.envs import plain
+from tree_rl.envs import sandbox_runner as runner
 
 NOBODY = 65534
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
 _PYTHON_FLAGS = ("-P", "-s", "-S", "-B")
+_RUNNER = os.path.abspath(runner.__file__)   # run by path (see its docstring)
 _SCRATCH = "/dev/shm"
 _SCRATCH_BYTES = 8 << 20
 _BACKSTOP_S = 5.0        # the parent kills the whole run this long after the runner's own time-out
@@ -128,377 +130,6 @@ class CallRun:
   outcomes: list | None
   note: str
 
-
-# The runner. argv: mode workspace timeout cpu memory fsize nproc uid gid unshare_flags read_only
-# minimal scratch scratch_bytes [stdlib dirs...]; mode "tests" (test source on stdin) or "calls"
-# (a JSON job on stdin); uid -1 keeps the user, nproc -1 leaves NPROC unset. `plain`'s source
-# comes first (encode / decode of the calls' values).
-_RUNNER_MAIN = r'''
-import _signal, ctypes, json, os, platform, resource, select, signal, sys, time
-
-NEWNS, NEWPID = 0x00020000, 0x20000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
-MNT_DETACH = 2
-PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(platform.machine(), -1)
-DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom")
-REFUSED = {"subprocess.Popen", "os.system", "os.posix_spawn", "os.kill", "os.killpg",
-           "signal.pthread_kill", "socket.connect", "socket.bind", "socket.sendto",
-           "socket.sendmsg", "ctypes.dlopen", "ctypes.dlsym", "ctypes.call_function"}
-REFUSED_PREFIXES = ("os.exec", "os.spawn")
-CHANGES = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link",
-           "os.symlink", "os.truncate", "os.utime", "os.setxattr", "os.removexattr",
-           "shutil.rmtree", "shutil.copyfile", "shutil.move"}
-LISTINGS = {"os.listdir", "os.scandir", "glob.glob"}
-XCPU_EXIT = 128 + _signal.SIGXCPU   # the tests' exit status once past the CPU limit
-WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-libc = ctypes.CDLL(None, use_errno=True)
-# the root half's exit status in calls mode, read by the parent alone (the tests cannot forge it)
-CALLS_OK, CALLS_TIMEOUT, CALLS_SETUP, CALLS_CPU, CALLS_EXIT, CALLS_KILLED = 0, 124, 125, 3, 4, 5
-
-
-def flush():
-  for stream in (sys.stdout, sys.stderr):
-    try:
-      stream.flush()
-    except BaseException:
-      pass
-
-
-def emit(line):
-  flush()
-  try:
-    os.write(1, (line + "\n").encode("utf-8", "replace"))
-  except OSError:
-    pass
-
-
-def one_line(e):
-  try:
-    return " ".join(str(e).splitlines())
-  except BaseException:
-    return "<unprintable>"
-
-
-def call(rc, what):
-  if rc != 0:
-    err = ctypes.get_errno()
-    raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def read_only_mounts():
-  class Attr(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_uint64) for n in ("set", "clr", "propagation", "userns_fd")]
-  attr = Attr(1 | 2, 0, 0, 0)   # MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID
-  call(libc.syscall(ctypes.c_long(442), ctypes.c_long(-100), b"/", ctypes.c_long(0x8000),
-                    ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))), "mount_setattr /")
-
-
-def tmpfs(where, size, mode):
-  opts = f"size={size},nr_inodes=4096,mode={mode}".encode()
-  call(libc.mount(b"tmpfs", where.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts), f"tmpfs {where}")
-
-
-def minimal_root(new, ws, libdirs):
-  """pivot_root into a tmpfs at `new` that holds the workspace, the stdlib dirs (each at its own
-  path) and three devices; the host's root is detached, so no other host file exists any more."""
-  if PIVOT_ROOT < 0:
-    raise OSError(0, f"pivot_root: unknown syscall number on {platform.machine()}")
-  os.umask(0o022)
-  tmpfs(new, 1 << 20, "755")
-  def place(path, directory=True):
-    target = new + path
-    os.makedirs(target if directory else os.path.dirname(target), 0o755, exist_ok=True)
-    if not directory:
-      os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
-    return target.encode()
-  for d in [ws] + libdirs:
-    call(libc.mount(d.encode(), place(d), None, MS_BIND | MS_REC, None), f"bind {d}")
-  for dev in DEVICES:
-    call(libc.mount(dev.encode(), place(dev, False), None, MS_BIND, None), f"bind {dev}")
-  for d in ("/proc", "/dev/shm", "/old"):
-    place(d)
-  os.chdir(new)
-  call(libc.syscall(ctypes.c_long(PIVOT_ROOT), b".", b"old"), "pivot_root")
-  os.chdir("/")
-  call(libc.umount2(b"/old", MNT_DETACH), "umount the old root")
-  os.rmdir("/old")
-
-
-def setup(flags, read_only, minimal, scratch, scratch_bytes, libdirs, ws):
-  """Namespaces and mounts (root half); returns [(stdlib dir, where the tests see it)]."""
-  if flags:
-    call(libc.unshare(flags), "unshare")
-  if not flags & NEWPID:
-    call(libc.prctl(36, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
-  remap = []
-  if flags & NEWNS:
-    call(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
-    if minimal:
-      minimal_root(scratch, ws, libdirs)
-    if read_only:
-      read_only_mounts()
-    if minimal:
-      tmpfs("/dev/shm", scratch_bytes, "1777")
-      os.chdir(ws)
-    elif scratch:
-      tmpfs(scratch, scratch_bytes, "1777")
-      base = os.path.join(scratch, ".python")
-      os.mkdir(base, 0o755)
-      for i, d in enumerate(libdirs):
-        seen = os.path.join(base, str(i))
-        os.mkdir(seen, 0o755)
-        call(libc.mount(d.encode(), seen.encode(), None, MS_BIND | MS_REC, None), f"bind {d}")
-        remap.append((d, seen))
-  return remap
-
-
-def audit_hook(allowed):
-  def inside(path):
-    real = os.path.realpath(path)
-    return any(real == a or real.startswith(a + os.sep) for a in allowed)
-
-  def hook(event, args):
-    if event in REFUSED or event.startswith(REFUSED_PREFIXES):
-      raise PermissionError(f"sandbox: {event} refused")
-    if event == "open":
-      path, mode, flags = args
-      if isinstance(path, int):
-        return
-      path = os.fsdecode(path)
-      if (flags or 0) & WRITE or any(c in (mode or "") for c in "wax+"):
-        raise PermissionError(f"sandbox: open {path!r} for writing refused")
-      if not inside(path):
-        raise PermissionError(f"sandbox: open {path!r} refused (outside the workspace)")
-    elif event in CHANGES:
-      raise PermissionError(f"sandbox: {event} refused")
-    elif event in LISTINGS:
-      target = "." if not args or args[0] is None else args[0]
-      if not isinstance(target, int) and not inside(os.fsdecode(target) or "."):
-        raise PermissionError(f"sandbox: {event} {os.fsdecode(target)!r} refused")
-  return hook
-
-
-def own_proc():
-  """A /proc of this PID namespace (in a mount namespace of its own), so the host's are hidden."""
-  call(libc.unshare(NEWNS), "unshare")
-  call(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None),
-       "mount /proc")
-
-
-def enter(ws, limits, uid, gid, remap, flags):
-  """The tests' side of the set-up: own /proc, rlimits, no new privileges, the user, the import
-  path and the audit hook (a tripwire with readable messages; the boundary is the layers before)."""
-  try:
-    os.setpgid(0, 0)
-    null = os.open("/dev/null", os.O_RDONLY)
-    os.dup2(null, 0)   # stdin was read to its end by the root half
-    os.close(null)
-    if flags & NEWPID and flags & NEWNS:
-      own_proc()
-    for res, value in limits:
-      resource.setrlimit(res, value)
-    # As a PID namespace's init this process would ignore SIGXCPU's default action.
-    _signal.signal(_signal.SIGXCPU, lambda *_: os._exit(XCPU_EXIT))
-    call(libc.prctl(38, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
-    if uid >= 0:
-      os.setgroups([])
-      os.setgid(gid)
-      os.setuid(uid)
-    def seen(p):
-      for d, s in remap:
-        if p == d or p.startswith(d + os.sep):
-          return s + p[len(d):]
-      return p
-    sys.path[:] = [ws] + [seen(p) for p in sys.path]
-    for m in list(sys.modules.values()):
-      p = getattr(m, "__path__", None)
-      if isinstance(p, list):
-        p[:] = [seen(x) for x in p]
-    sys.path_importer_cache.clear()
-    allowed = [os.path.realpath(ws)] + [os.path.realpath(p) for p in sys.path[1:] if p]
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.stderr.reconfigure(line_buffering=True)
-    sys.addaudithook(audit_hook(allowed))
-  except BaseException as e:
-    emit(f"sandbox: test set-up failed: {type(e).__name__}: {one_line(e)}")
-    os._exit(125)
-
-
-def tests_half(ws, source, limits, uid, gid, remap, nonce, wfd, flags):
-  enter(ws, limits, uid, gid, remap, flags)
-  passed = total = 0
-  me = os.getpid()   # a process the tests fork that comes back into this loop exits silently
-  module = type(sys)("__tests__")
-  sys.modules["__tests__"] = module
-  try:
-    exec(compile(source, "<tests>", "exec"), module.__dict__)
-  except BaseException as e:
-    emit(f"ERROR loading tests: {type(e).__name__}: {one_line(e)}")
-  else:
-    tests = [(n, f) for n, f in list(module.__dict__.items())
-             if n.startswith("test_") and callable(f)]
-    total = len(tests)
-    for name, fn in tests:
-      try:
-        fn()
-      except BaseException as e:
-        if os.getpid() != me:
-          os._exit(0)
-        emit(f"FAIL {name}: {type(e).__name__}: {one_line(e)}")
-      else:
-        if os.getpid() != me:
-          os._exit(0)
-        passed += 1
-        emit(f"PASS {name}")
-  if os.getpid() != me:
-    os._exit(0)
-  flush()
-  os.write(wfd, f"{nonce} {passed} {total}\n".encode())
-  os._exit(0)
-
-
-def calls_half(ws, job, limits, uid, gid, remap, flags):
-  """Import the module, make each call, write one JSON line per call: [i, "ok", value] (plain
-  data), [i, "error", exception type] or [i, "bad", type name]; nothing else."""
-  enter(ws, limits, uid, gid, remap, flags)
-  me = os.getpid()
-  job = json.loads(job)
-  try:
-    fn = getattr(__import__(job["module"]), job["function"])
-  except BaseException:
-    os._exit(CALLS_EXIT)
-  for i, args in enumerate(job["calls"]):
-    try:
-      value = fn(*decode(args))
-      try:
-        line = [i, "ok", encode(value)]
-      except TypeError:
-        line = [i, "bad", type(value).__name__]
-    except BaseException as e:
-      line = [i, "error", type(e).__name__]
-    if os.getpid() != me:
-      os._exit(0)
-    flush()
-    os.write(1, (json.dumps(line) + "\n").encode())
-  flush()
-  os._exit(0)
-
-
-def children():
-  try:
-    with open(f"/proc/self/task/{os.getpid()}/children") as f:
-      return [int(p) for p in f.read().split()]
-  except OSError:
-    return []
-
-
-def kill_leftovers(pgid):
-  """Kill the tests' group and every child of this subreaper (orphans land here); reap them all."""
-  end = time.monotonic() + 2.0
-  while time.monotonic() < end:
-    for kill, target in [(os.killpg, pgid)] + [(os.kill, p) for p in children()]:
-      try:
-        kill(target, 9)
-      except OSError:
-        pass
-    try:
-      while os.waitpid(-1, os.WNOHANG)[0]:
-        pass
-    except ChildProcessError:
-      return
-    time.sleep(0.002)
-
-
-def wait_exit(pid, timeout):
-  """The tests' exit (waitid info, not yet reaped, so its group id stays taken) and whether it was
-  killed at the time-out."""
-  deadline = time.monotonic() + timeout
-  try:
-    pidfd = os.pidfd_open(pid)
-  except (AttributeError, OSError):
-    pidfd = -1
-  while True:
-    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    if info is not None:
-      return info, False
-    left = deadline - time.monotonic()
-    if left <= 0:
-      os.kill(pid, 9)
-      return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT), True
-    if pidfd >= 0:
-      select.select([pidfd], [], [], left)
-    else:
-      time.sleep(min(left, 0.005))
-
-
-def signal_name(n):
-  try:
-    return signal.Signals(n).name
-  except ValueError:
-    return f"signal {n}"
-
-
-def main():
-  mode, ws, timeout, cpu, mem, fsize, nproc, uid, gid, flags, read_only, minimal, scratch, \
-      scratch_bytes = sys.argv[1:15]
-  timeout = float(timeout)
-  cpu, nproc, uid, gid, flags = int(cpu), int(nproc), int(uid), int(gid), int(flags)
-  calls = mode == "calls"
-  source = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
-  try:
-    remap = setup(flags, read_only == "1", minimal == "1", scratch, int(scratch_bytes),
-                  sys.argv[15:], ws)
-  except OSError as e:
-    if calls:
-      sys.exit(CALLS_SETUP)
-    emit(f"sandbox: set-up failed: {one_line(e)}")
-    emit("RESULT 0 0")
-    sys.exit(125)
-  limits = [(resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, (int(mem),) * 2),
-            (resource.RLIMIT_FSIZE, (int(fsize),) * 2), (resource.RLIMIT_CORE, (0, 0))]
-  if nproc >= 0:
-    limits.append((resource.RLIMIT_NPROC, (nproc, nproc)))
-  nonce = os.urandom(8).hex()
-  if not calls:
-    rfd, wfd = os.pipe()
-  pid = os.fork()
-  if pid == 0:
-    if calls:
-      calls_half(ws, source, limits, uid, gid, remap, flags)
-    os.close(rfd)
-    tests_half(ws, source, limits, uid, gid, remap, nonce, wfd, flags)
-  info, timed_out = wait_exit(pid, timeout)
-  kill_leftovers(pid)
-  if calls:   # nothing on stdout from this half: the parent reads the verdict from the status
-    if timed_out:
-      sys.exit(CALLS_TIMEOUT)
-    if info.si_code == os.CLD_EXITED:
-      sys.exit({0: CALLS_OK, XCPU_EXIT: CALLS_CPU}.get(info.si_status, CALLS_EXIT))
-    sys.exit(CALLS_KILLED)
-  os.close(wfd)
-  os.set_blocking(rfd, False)
-  try:
-    report = os.read(rfd, 256).split(b"\n")[0].decode("ascii", "replace").split()
-  except OSError:
-    report = []
-  if len(report) == 3 and report[0] == nonce:
-    emit(f"RESULT {int(report[1])} {int(report[2])}")
-    sys.exit(0)
-  if timed_out:
-    emit(f"sandbox: timed out after {timeout:g} s; the test processes were killed")
-  elif info.si_code == os.CLD_EXITED and info.si_status == XCPU_EXIT:
-    emit(f"sandbox: the tests ran past the CPU limit of {cpu} s")
-  elif info.si_code == os.CLD_EXITED:
-    emit(f"sandbox: the test process exited with status {info.si_status} before reporting")
-  else:
-    emit(f"sandbox: the test process was killed by {signal_name(info.si_status)}")
-  emit("RESULT 0 0")
-  sys.exit(124 if timed_out else 0)
-
-
-main()
-'''
-_RUNNER = inspect.getsource(plain) + _RUNNER_MAIN
 
 # Checks, as the tests' user, that a configuration really holds; formatted with its expectations.
 _PROBE_SOURCE = '''
@@ -807,11 +438,12 @@ class Sandbox:
 
   def _argv(self, mode: str, ws: str, config: _Config, lim: Limits) -> list[str]:
     mounts = bool(config.flags & CLONE_NEWNS)
-    args = [mode, ws, repr(float(lim.timeout_s)), lim.cpu_s, lim.memory_bytes, lim.file_bytes,
-            lim.processes if config.uid >= 0 else -1, config.uid, config.uid, config.flags,
-            int(config.read_only), int(config.minimal), _SCRATCH if mounts else "", _SCRATCH_BYTES]
-    return ([sys.executable, *_PYTHON_FLAGS, "-c", _RUNNER] + [str(a) for a in args]
-            + (self._libdirs if mounts else []))
+    args = runner.Args(mode, ws, lim.timeout_s, lim.cpu_s, lim.memory_bytes, lim.file_bytes,
+                       lim.processes if config.uid >= 0 else -1, config.uid, config.uid,
+                       config.flags, config.read_only, config.minimal,
+                       _SCRATCH if mounts else "", _SCRATCH_BYTES,
+                       self._libdirs if mounts else [])
+    return [sys.executable, *_PYTHON_FLAGS, _RUNNER, *runner.to_argv(args)]
 
   def _spawn(self, mode: str, ws: str, text: str, config: _Config, limits: Limits, cap: int):
     """Run the runner with `text` on stdin: (head, tail, size, killed, exit status), or the
@@ -940,12 +572,14 @@ def _result(head: bytes, tail: bytes, size: int, killed: bool, code: int,
     output += "\n".join([f"\n[output truncated: {size - cap} more bytes]"] + trailer)
   if killed:
     output += f"\nsandbox: no result within {limits.timeout_s + _BACKSTOP_S:g} s; killed"
-  return TestRun(passed, total, output, killed or code == 124)
+  return TestRun(passed, total, output, killed or code == runner.TIMED_OUT)
 
 
-_CALL_VOID = {124: "timed out", 125: "the sandbox could not be set up",
-              3: "ran past the CPU limit", 4: "the child exited early or with an error",
-              5: "the child was killed by a signal"}
+_CALL_VOID = {runner.CALLS_TIMEOUT: "timed out",
+              runner.CALLS_SETUP: "the sandbox could not be set up",
+              runner.CALLS_CPU: "ran past the CPU limit",
+              runner.CALLS_EXIT: "the child exited early or with an error",
+              runner.CALLS_KILLED: "the child was killed by a signal"}
 
 
 def _call_outcomes(head: bytes, size: int, killed: bool, code: int, n: int,
