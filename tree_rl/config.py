@@ -1,6 +1,8 @@
 """The config schema shared by every experiment family, and `key=value` argument parsing.
 
-Every knob lives here with a comment; `configs/*.py` start from `base_config()` and override.
+Every knob lives here with a comment, except an advantage estimator's own: it declares them where
+it is registered (`tree_rl.learner.advantages.register`) and `base_config` adds them to
+`learner`. `configs/*.py` start from `base_config()` and override.
 Configs are locked, so a misspelled `--config.section.field=...` fails with the known fields.
 """
 
@@ -144,14 +146,12 @@ def base_config() -> ml_collections.ConfigDict:
       prm_bad_token="-",        # normalise P(good) against this token; "" = plain P(good)
       prm_aggregate="last",     # last | mean | max | min | weighted over the steps
       prm_decay=0.8,            # weighted: weight decay^(steps after) per step
+      prm_chunk_rows=0,         # rows per data shard the PRM runs at once (0: all): bounds its memory
   )
   c.learner = dict(
       advantage="grpo",         # a name in tree_rl.learner.advantages' registry
       adv_eps=1e-6,             # std guard of the advantage normalisation
-      step_weight=1.0,          # step-level estimators (gigpo): weight w of A_step in A_episode + w * A_step
-      step_gamma=0.95,          # step-level estimators (gigpo): discount of the step return
-      episode_stats="step_rows",  # step-level estimators (gigpo): episode mean / std over step rows (each
-                                # trajectory weighted by its turns: the public code) | trajectories (each once)
+                                # (+ every registered estimator's knobs, e.g. gigpo's step_weight)
       shared_advantage="per_leaf",  # per_leaf: a shared prefix token is trained once per leaf with each
                                 # leaf's advantage (ARPO's soft attribution) | mean: with the mean of
                                 # the advantages of the leaves below it (ARPO's hard attribution)
@@ -190,6 +190,7 @@ def base_config() -> ml_collections.ConfigDict:
       packed_attention="block",  # packed rows: block (block-sparse over ancestors) | dense (full mask)
       attention_block=32,       # packed rows: attention block size (pack_trees' block)
   )
+  _add_estimator_knobs(c.learner)
   c.mesh = dict(
       shape=(-1, 1, 1),         # devices along (data, fsdp, tensor); -1 fills the rest
       axis_names=("data", "fsdp", "tensor"),
@@ -253,6 +254,16 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def _add_estimator_knobs(learner) -> None:
+  """`learner.<knob>` for every registered advantage estimator's knob, at its default."""
+  from tree_rl.learner import advantages
+
+  for knob, default in advantages.all_knobs().items():
+    if knob in learner:
+      raise ValueError(f"an advantage estimator's knob {knob!r} is already config.learner.{knob}")
+    learner[knob] = default
+
+
 # ----------------------------------------------------------------------------- numeric ranges
 
 # The range of every numeric field of `base_config`, beside the schema: "int" or "num" (a finite
@@ -280,6 +291,7 @@ RANGES = {
     "rollout.draw_factor": _INT_POS,
     "scorer.judge_context_tokens": _INT_POS, "scorer.judge_max_tokens": _INT_POS,
     "scorer.judge_scale": _POS, "scorer.judge_lambda": _UNIT, "scorer.prm_decay": _UNIT,
+    "scorer.prm_chunk_rows": _INT_NN,
     "learner.adv_eps": "num (0 1]", "learner.step_weight": _NN, "learner.step_gamma": _UNIT,
     "learner.overlong_window": _UNIT, "learner.overlong_penalty": _NN, "learner.clip_low": "num [0 1)", "learner.clip_high": _NN,
     "learner.dual_clip": "num [0 100]",

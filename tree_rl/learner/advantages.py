@@ -14,10 +14,19 @@ and returns float32 advantages [N], one per trajectory: the learner puts each on
 every token on the leaf's path is trained with it.
 
 A step-level estimator also declares a keyword `steps` (a `StepInputs`: each trajectory's turns,
-[N, D]) and returns [N, D], one advantage per turn: the turn's tokens are trained with it. It may
-declare `step_weight`, `step_gamma` and `episode_stats` as well, which `compute` fills from
-config.learner.step_weight / step_gamma / episode_stats. `gigpo` is the built-in one.
+[N, D]) and returns [N, D], one advantage per turn: the turn's tokens are trained with it.
+`gigpo` is the built-in one.
 All built-ins are jittable: fixed-size arrays, masks and segment sums, no data-dependent shapes.
+
+An estimator's own knobs are declared where it is registered, name -> default::
+
+    @register("scaled_grpo", scale=2.0)
+    def scaled_grpo(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6, scale=2.0): ...
+
+Each knob is a config field `learner.<knob>` with that default (`tree_rl.config.base_config`
+adds every registered estimator's), saved in config.json and loaded back, and passed to the
+estimator as the keyword of its name (a static value: changing it compiles anew). Estimators
+may share a knob (GiGPO's `step_weight`, `step_gamma`, `episode_stats`) with one default.
 
 Group statistics follow the public Tree-GRPO/verl convention: std is unbiased (n - 1), and a group
 with a single valid member uses mean 0 and std 1, so its advantage is r / (1 + eps). Unlike that
@@ -28,7 +37,7 @@ code, a group whose rewards are all equal gets advantage exactly 0 under every e
 from __future__ import annotations
 
 import inspect
-from typing import Protocol
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +45,8 @@ from flax import struct
 
 from tree_rl.registry import Registry
 
-__all__ = ["register", "get", "names", "group_stats", "StepInputs", "compute", "shared_mean"]
+__all__ = ["register", "get", "names", "knobs", "all_knobs", "group_stats", "StepInputs", "compute",
+           "shared_mean"]
 
 
 class Estimator(Protocol):
@@ -57,10 +67,44 @@ class StepInputs:
 
 
 _REGISTRY = Registry("advantage estimator", "config.learner.advantage")
-register = _REGISTRY.register   # decorator: `@register("my_adv")` makes get("my_adv") find it
+_KNOBS: dict[str, dict[str, Any]] = {}   # estimator -> {knob: default}
 get = _REGISTRY.get
 names = _REGISTRY.names         # used by config validation
-STEP_OPTIONS = ("step_weight", "step_gamma", "episode_stats")
+
+
+def register(name: str, **knob_defaults):
+  """Decorator: `@register("my_adv", knob=default, ...)` makes get("my_adv") find the function
+  and declares its knobs (module docstring); each must be a keyword the function takes."""
+
+  def deco(fn):
+    params = inspect.signature(fn).parameters
+    missing = sorted(k for k in knob_defaults if k not in params)
+    if missing:
+      raise TypeError(f"advantage estimator {name!r} declares knobs {missing} that it does not "
+                      f"take as keyword arguments")
+    shared = all_knobs(skip=name)
+    for k, v in knob_defaults.items():
+      if k in shared and shared[k] != v:
+        raise ValueError(f"advantage estimator {name!r}: knob {k!r} defaults to {v!r}, but "
+                         f"another estimator declares it with {shared[k]!r}")
+    _REGISTRY.register(name)(fn)
+    _KNOBS[name] = dict(knob_defaults)
+    return fn
+
+  return deco
+
+
+def knobs(name: str) -> dict[str, Any]:
+  """{knob: default} of estimator `name`."""
+  get(name)
+  return dict(_KNOBS.get(name, {}))
+
+
+def all_knobs(skip: str = "") -> dict[str, Any]:
+  """{knob: default} over every registered estimator (but `skip`): the fields they add to
+  config.learner."""
+  return {k: v for n, declared in _KNOBS.items() if n != skip for k, v in declared.items()}
+
 # How a step-level estimator weighs trajectories in its episode statistics: `step_rows` each by
 # its number of turns (the public GiGPO code takes mean and std over the batch's step rows),
 # `trajectories` each once.
@@ -74,7 +118,7 @@ def is_step_level(name: str) -> bool:
 
 def compute(name: str, rewards, prompt_ids, tree_ids, valid, *, eps: float = 1e-6,
             steps: StepInputs | None = None, **options) -> jax.Array:
-  """Call estimator `name`, passing `steps` and the `STEP_OPTIONS` it declares."""
+  """Call estimator `name`, passing `steps` and those of `options` (knob values) it takes."""
   fn = get(name)
   params = inspect.signature(fn).parameters
   kw = {k: v for k, v in options.items() if k in params}
@@ -268,7 +312,13 @@ def _gigpo(rewards, prompt_ids, valid, eps, steps, step_weight, step_gamma, use_
   return jnp.where(m, episode[:, None] + step_weight * step, 0.0).astype(jnp.float32)
 
 
-@register("gigpo")
+# GiGPO's knobs (config.learner.<knob>): step_weight, the weight w of A_step in A_episode +
+# w * A_step; step_gamma, the discount of the step return; episode_stats, the episode mean / std
+# over step rows (each trajectory weighted by its turns: the public code) | trajectories (each once)
+GIGPO_KNOBS = dict(step_weight=1.0, step_gamma=0.95, episode_stats="step_rows")
+
+
+@register("gigpo", **GIGPO_KNOBS)
 def gigpo(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6, steps: StepInputs,
           step_weight=1.0, step_gamma=0.95, episode_stats="step_rows"):
   """GiGPO (arXiv 2505.10978): A[n, t] = A_episode[n] + step_weight * A_step[n, t], per turn.
@@ -287,7 +337,7 @@ def gigpo(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6, steps: StepInputs,
                 episode_stats)
 
 
-@register("gigpo_mean")
+@register("gigpo_mean", **GIGPO_KNOBS)
 def gigpo_mean(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6, steps: StepInputs,
                step_weight=1.0, step_gamma=0.95, episode_stats="step_rows"):
   """`gigpo` without the std division at either level (F_norm = 1, the public code's

@@ -126,25 +126,30 @@ def step_inputs(out, max_turns: int) -> advantage_lib.StepInputs:
 
 
 def advantages(config, out, rewards=None) -> jax.Array:
-  """Advantages of `config.learner.advantage` in `advantage_inputs` order: [P*L] per leaf, or
-  [P*L, max_turns] per turn for a step-level estimator or `learner.shared_advantage=mean`.
+  """Advantages of `config.learner.advantage` (its knobs read from `config.learner`) in
+  `advantage_inputs` order: [P*L] per leaf, or [P*L, max_turns] per turn for a step-level
+  estimator or `learner.shared_advantage=mean`.
   Computed in one jitted program per rollout shape (estimators are traced, so a registered one
   must be jittable, as every built-in is)."""
   lc = config.learner
   rewards = out.reward if rewards is None else jnp.asarray(rewards, jnp.float32)
+  knobs = tuple((k, _static(lc[k])) for k in sorted(advantage_lib.knobs(lc.advantage)))
   return _advantages(out.replace(reward=rewards, stats={}), lc.advantage,
                      lc.shared_advantage == "mean", int(config.rollout.max_turns),
-                     float(lc.adv_eps), float(lc.step_weight), float(lc.step_gamma),
-                     str(lc.episode_stats))
+                     float(lc.adv_eps), knobs)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5, 6, 7))   # float statistics: fully optimised
-def _advantages(out, name: str, shared: bool, max_turns: int, eps: float, step_weight: float,
-                step_gamma: float, episode_stats: str):
+def _static(value):
+  """A knob's config value as a hashable jit static argument (lists from JSON as tuples)."""
+  return tuple(map(_static, value)) if isinstance(value, (list, tuple)) else value
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))   # float statistics: fully optimised
+def _advantages(out, name: str, shared: bool, max_turns: int, eps: float,
+                knobs: tuple[tuple[str, object], ...]):
   inputs = advantage_inputs(out)
   steps = (step_inputs(out, max_turns) if shared or advantage_lib.is_step_level(name) else None)
-  adv = advantage_lib.compute(name, **inputs, eps=eps, steps=steps, step_weight=step_weight,
-                              step_gamma=step_gamma, episode_stats=episode_stats)
+  adv = advantage_lib.compute(name, **inputs, eps=eps, steps=steps, **dict(knobs))
   if shared:
     adv = advantage_lib.shared_mean(adv, inputs["prompt_ids"], inputs["valid"], steps)
   return adv
