@@ -154,12 +154,13 @@ def test_the_layer_scan_is_counted_once_per_layer(tpu_devices):
 
 @pytest.mark.parametrize("name", ["prm", "judge"])
 def test_model_scorer_programs_split_their_rows_over_the_data_shards(tpu_devices, name):
-  """PATR's judge / PRM programs compile with the step's. By hand: a PRM call is a dense forward
-  of every slot's serialised trajectory (all T^2 pairs, logits at the D step reads) whose rows
-  split over the rollouts' data shards, so a chip executes its share, not the whole batch; the
+  """PATR's judge / PRM programs compile with the step's. By hand: a PRM call is a forward of
+  every slot's serialised trajectory (one query block: all T^2 pairs; logits at the D step
+  reads) whose rows split over the rollouts' data shards, so a chip executes its share, not the
+  whole batch, here in passes of 2 rows (the loop's other passes counted from its body); the
   judge's cache holds each shard's share of the sequences and pages; both stay resident."""
   config = configs.frozenlake.get_config("algo=patr,smoke")
-  config.scorer.name = name
+  config.scorer.name, config.scorer.prm_chunk_rows = name, 2   # the PRM: 2 rows per pass
   sp = programs.StepPrograms(config, tpu_devices)
   try:
     sm, shards = sp.scorer, sp.rollout_mesh.shape["data"]
@@ -173,7 +174,8 @@ def test_model_scorer_programs_split_their_rows_over_the_data_shards(tpu_devices
     if name == "prm":
       d = sp.engine.max_turns
       hand = sm.rows * sm.work.forward(sm.width, sm.width * sm.width, logits=d)
-      assert results[0].flops * shards == pytest.approx(hand, rel=0.10)
+      assert sm.passes == sm.rows // shards // 2 > 1 and results[0].loops
+      assert results[0].turn("flops") * shards == pytest.approx(hand, rel=0.10)
       assert "scorer_cache" not in resident
     else:
       assert [p.name.split("[")[0] for p in progs] == ["rollout/judge_prefill", "rollout/judge_decode"]

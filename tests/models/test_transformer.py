@@ -116,3 +116,15 @@ def test_built_model_init_is_one_program_with_the_eager_init_weights():
   assert len(got) == len(want)
   for a, b in zip(got, want):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_causal_query_blocks_give_the_dense_causal_logits():
+  """Attention in causal query blocks (3 tokens, the last block short) equals one dense causal
+  pass: every query reads exactly the keys at or before it."""
+  cfg = tiny(64)
+  model = Transformer(cfg, rngs=nnx.Rngs(1))
+  tokens = jax.random.randint(jax.random.key(2), (2, 10), 1, 64)
+  np.testing.assert_allclose(model(tokens, causal_block=3), model(tokens), rtol=1e-5, atol=1e-5)
+  reads = jnp.array([[1, 9], [4, 6]])
+  np.testing.assert_allclose(model(tokens, reads=reads, causal_block=4), model(tokens, reads=reads),
+                             rtol=1e-5, atol=1e-5)

@@ -84,7 +84,8 @@ def test_sharded_rollout_builds_the_same_trees(parts, method):
 @pytest.mark.parametrize("name, own", [("judge", False), ("prm", True)])
 def test_model_scorers_split_their_rows_over_the_data_shards(parts, name, own):
   """A PATR rollout scored by the judge or the PRM (reading the policy, or a checkpoint of
-  its own) on the (data=4, tensor=2) mesh scores every branch as the one-device rollout; the
+  its own; the PRM in two passes of rows per shard) on the (data=4, tensor=2) mesh scores every
+  branch as the one-device rollout; the
   judge's cache holds a quarter of the sequences and pages per shard, like the policy's."""
   from tree_rl.config import base_config
   from tree_rl.rollout.scorers.resources import sampler_generate
@@ -98,6 +99,7 @@ def test_model_scorers_split_their_rows_over_the_data_shards(parts, name, own):
     c.scorer[f"{name}_model"] = "hf"
   scores = {}
   for which, m in (("single", None), ("sharded", mesh)):
+    c.scorer.prm_chunk_rows = 0 if m is None else 2      # the sharded PRM: 2 passes per shard
     sc = scorers.from_config(c, env=env, tokenizer=TOK, policy_model=model, judge_model=model,
                              prm_model=model, max_batch=P * 4, mesh=m)
     out, caches[which] = run(engine, policy, caches[which], states, jax.random.key(2), scorer=sc,

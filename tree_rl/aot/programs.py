@@ -406,6 +406,7 @@ class ScorerModel:
   own_weights: bool         # a checkpoint of its own (else the policy's weights)
   cache: Any = None         # the judge's cache (abstract)
   extra: int = 0            # judge: tokens besides the trajectory; prm: per-step separators
+  passes: int = 1           # prm: row chunks per call (`config.scorer.prm_chunk_rows`)
 
   @staticmethod
   def of(sp: "StepPrograms") -> "ScorerModel | None":
@@ -427,11 +428,16 @@ class ScorerModel:
       fmt = PrmFormat.from_config(sc, sp.tokenizer)
       d, ctx = sp.engine.max_turns, sp.engine.max_context()
       width = len(fmt.prefix) + ctx + len(fmt.middle) + d * len(fmt.separator)
-      lm = dense_lm(model, mesh)
-      args = (weights, _rows(mesh, (rows, width), jnp.int32),
-              _rows(mesh, (rows, width), jnp.int32), _rows(mesh, (rows, d), jnp.int32))
-      return ScorerModel("prm", {"forward": lambda: lm.forward.lower(*args)}, rows, width,
-                         weights, work, own, extra=len(fmt.separator))
+      chunk = int(sc.prm_chunk_rows)
+      lm = dense_lm(model, mesh, chunk_rows=chunk)
+      args = lambda n: (weights, _rows(mesh, (n, width), jnp.int32),  # noqa: E731
+                        _rows(mesh, (n, width), jnp.int32), _rows(mesh, (n, d), jnp.int32))
+      lower = {"forward": lambda: lm.forward.lower(*args(rows))}
+      passes = rows // sp.shape.shards // chunk if chunk else 1
+      if passes > 1:   # one pass alone: `chunk` rows per shard, the loop's body
+        lower["body"] = lambda: lm.forward.lower(*args(chunk * sp.shape.shards))
+      return ScorerModel("prm", lower, rows, width, weights, work, own, extra=len(fmt.separator),
+                         passes=passes)
     prompt = judge_prompt(sc, sp.env, sp.tokenizer)
     width = prompt.width + int(sc.judge_context_tokens)
     gen = sampler_generate(model, max_seqs=rows, max_len=width,
@@ -455,10 +461,12 @@ class ScorerModel:
       flops = np.mean([live * self.work.forward(n + self.extra * t,
                                                 causal_pairs(0, n + self.extra * t), logits=t)
                        for n, t in zip(lengths, rounds)])
+      loops = ([Loop("row chunks", self.passes, self.lower["body"])]
+               if self.passes > 1 else [])
       return [Program(f"rollout/prm[{self.rows}x{self.width}]", "rollout", self.lower["forward"],
-                      calls, Work(flops=float(flops), bytes=weights),
+                      calls, Work(flops=float(flops), bytes=weights), loops=loops,
                       note=f"{len(rounds)} scoring rounds per rollout; every slot at the longest "
-                           "context")]
+                           f"context; {self.passes} pass(es) over the rows")]
     gen = int(sc.judge_max_tokens)
     ctx = [self.extra + min(n, int(sc.judge_context_tokens)) for n in lengths]
     per_chip = live / shape.shards

@@ -87,6 +87,21 @@ def dense_attention(q, k, v, mask) -> jax.Array:
   return out.reshape(b, t, h, d).astype(q.dtype)
 
 
+def causal_block_attention(q, k, v, block: int) -> jax.Array:
+  """Causal grouped-query attention in query blocks of `block` tokens: block j reads keys
+  [0, (j + 1) x block) only, so the float32 scores held at once are [B, H, block, <= T] rather
+  than [B, H, T, T], and about half the (query, key) pairs are computed. Shapes as
+  `dense_attention` (k, v as long as q)."""
+  b, t = q.shape[:2]
+  outs = []
+  for lo in range(0, t, block):
+    hi = min(lo + block, t)
+    mask = jnp.arange(lo, hi)[:, None] >= jnp.arange(hi)[None]
+    outs.append(dense_attention(q[:, lo:hi], k[:, :hi], v[:, :hi],
+                                jnp.broadcast_to(mask, (b, hi - lo, hi))))
+  return jnp.concatenate(outs, axis=1)
+
+
 class Attention(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, param_dtype, rngs: nnx.Rngs):
@@ -179,17 +194,22 @@ class Transformer(nnx.Module):
                       preferred_element_type=jnp.float32)
 
   def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,
-               attention_mask: jax.Array | None = None, reads: jax.Array | None = None
-               ) -> jax.Array:
+               attention_mask: jax.Array | None = None, reads: jax.Array | None = None,
+               causal_block: int = 0) -> jax.Array:
     """tokens int32 [B, T]; positions [B, T] (default 0..T-1); attention_mask bool [B, T, T]
     (query, key), default causal. Returns float32 logits [B, T, V], or [B, D, V] at the positions
-    `reads` [B, D] only (the vocabulary projection of the other positions is never computed)."""
+    `reads` [B, D] only (the vocabulary projection of the other positions is never computed).
+    causal_block > 0 (causal mask only): attention in query blocks of that many tokens
+    (`causal_block_attention`), for long rows."""
     b, t = tokens.shape
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    if attention_mask is None:
-      attention_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
-    attend = lambda i, q, k, v, s: (dense_attention(q, k, v, attention_mask), s)
+    if causal_block and attention_mask is None:
+      attend = lambda i, q, k, v, s: (causal_block_attention(q, k, v, causal_block), s)  # noqa: E731
+    else:
+      if attention_mask is None:
+        attention_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+      attend = lambda i, q, k, v, s: (dense_attention(q, k, v, attention_mask), s)  # noqa: E731
     hidden, _ = self.forward(tokens, positions, attend)
     if reads is not None:
       hidden = jnp.take_along_axis(hidden, reads[..., None].astype(jnp.int32), axis=1)

@@ -70,11 +70,13 @@ def sampler_generate(model, *, max_seqs: int, max_len: int, max_new: int, stop_i
   return generate
 
 
-def dense_lm(model, mesh=None):
+def dense_lm(model, mesh=None, *, chunk_rows: int = 0, block: int = 512):
   """`lm(weights, tokens, positions, reads) -> logits [B, D, V]` at the positions `reads` [B, D]:
   a jitted causal forward of `model`'s architecture with the given flat weights
   (`model_weights` layout). mesh: the rollouts' mesh, whose `data` axis splits the rows (as
-  the policy's rows are split), so no chip repeats another's work. `lm.forward` is the jitted
+  the policy's rows are split), so no chip repeats another's work. chunk_rows > 0: each data
+  shard runs its rows that many at a time (a loop), so activations are held for that many rows
+  only; attention runs in causal query blocks of `block` tokens. `lm.forward` is the jitted
   function (for compiling ahead of time)."""
   from flax import nnx
   from jax.sharding import NamedSharding, PartitionSpec
@@ -82,15 +84,30 @@ def dense_lm(model, mesh=None):
   graphdef, state = nnx.split(model)
   leaves, treedef = jax.tree.flatten(state)
   shapes = [(x.shape, x.dtype) for x in leaves]
-  rows = None if mesh is None else NamedSharding(mesh, PartitionSpec("data"))
+  shards = 1 if mesh is None else mesh.shape["data"]
+  place = lambda x, spec: x if mesh is None else jax.lax.with_sharding_constraint(  # noqa: E731
+      x, NamedSharding(mesh, spec))
 
   @jax.jit
   def fwd(weights, tokens, positions, reads):
-    if rows is not None:
-      tokens, positions, reads = (jax.lax.with_sharding_constraint(x, rows)
-                                  for x in (tokens, positions, reads))
+    tokens, positions, reads = (place(x, PartitionSpec("data")) for x in (tokens, positions, reads))
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, list(weights)))
-    return model(tokens, positions, reads=reads)
+    run = lambda t, p, r: model(t, p, reads=r, causal_block=block)  # noqa: E731
+    b = tokens.shape[0]
+    per_shard = b // shards
+    if not chunk_rows or per_shard <= chunk_rows:
+      return run(tokens, positions, reads)
+    if per_shard % chunk_rows:
+      raise ValueError(f"config.scorer.prm_chunk_rows={chunk_rows} must divide the PRM's rows "
+                       f"per data shard ({per_shard})")
+    n = per_shard // chunk_rows
+    # [B] in shard order -> [n, shards x chunk]: pass i takes rows i*chunk.. of every shard
+    split = lambda x: place(x.reshape(shards, n, chunk_rows, *x.shape[1:]).swapaxes(0, 1)  # noqa: E731
+                            .reshape(n, shards * chunk_rows, *x.shape[1:]),
+                            PartitionSpec(None, "data"))
+    out = jax.lax.map(lambda a: run(*a), (split(tokens), split(positions), split(reads)))
+    out = out.reshape(n, shards, chunk_rows, *out.shape[2:]).swapaxes(0, 1)
+    return place(out.reshape(b, *out.shape[3:]), PartitionSpec("data"))
 
   def lm(weights, tokens, positions, reads):
     weights = tuple(weights)
@@ -134,7 +151,7 @@ def from_config(config, *, env=None, tokenizer=None, policy_model=None, judge_mo
         page_size=int(config.sampler.page_size), kv_dtype=config.sampler.kv_dtype, mesh=mesh,
         abstract=abstract)
   else:
-    res["lm"] = dense_lm(model, mesh)
+    res["lm"] = dense_lm(model, mesh, chunk_rows=int(sc.prm_chunk_rows))
   return build(sc, weights_from=weights_from,
                weights=model_weights(model) if weights_from == "own" else None, **res)
 
