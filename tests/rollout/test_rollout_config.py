@@ -143,6 +143,17 @@ def test_planned_cost_equals_hand_computation(fields, trajectories):
   assert planned_cost(rc, "computed") is None
 
 
+def test_a_method_without_a_planned_cost_cannot_be_built():
+  import dataclasses
+
+  @dataclasses.dataclass(frozen=True)
+  class NoCost(methods.Chain):
+    planned_trajectories = methods.RolloutMethod.planned_trajectories   # left abstract
+
+  with pytest.raises(TypeError, match="planned_trajectories"):
+    NoCost(name="no_cost", num_trees=1, slots=2, keep_contexts=False, group_size=2)
+
+
 def test_cost_model_remaining_cost_of_a_branch():
   from tree_rl.rollout.budget import CostModel
   c = CostModel(max_turns=3, max_tokens_per_turn=6, prompt_tokens=40, obs_tokens=10, max_calls=2)
