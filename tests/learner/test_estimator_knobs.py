@@ -55,8 +55,8 @@ def test_gigpo_declares_its_step_knobs():
   assert advantages.knobs("gigpo") == {"step_weight": 1.0, "step_gamma": 0.95,
                                        "episode_stats": "step_rows"}
   assert advantages.knobs("grpo") == {}
-  learner = config_lib.base_config().learner
-  assert (learner.step_weight, learner.step_gamma, learner.episode_stats) == (1.0, 0.95, "step_rows")
+  lc = config_lib.base_config().learner
+  assert (lc.step_weight, lc.step_gamma, lc.episode_stats) == (1.0, 0.95, "step_rows")
 
 
 def test_a_knob_the_estimator_does_not_take_or_a_second_default_is_refused(monkeypatch):
