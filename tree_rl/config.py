@@ -67,7 +67,7 @@ def base_config() -> ml_collections.ConfigDict:
       kb_scale=1,               # toolcall: the generated KB's entity counts times this (1: 60 people, 30 cities,
                                 # 10 countries, 20 companies; about 570 questions, 100 held out)
       eval_maps="",             # frozenlake: a JSON file of maps to evaluate on instead of the held-out split
-                                # ([{"rows": ["SFFH", ...]}, ...] in gymnasium letters; tree_rl.data.frozenlake_json)
+                                # ([{"rows": ["SFFH", ...]}, ...] in gymnasium letters; tree_rl.envs.frozenlake.json_maps)
       top_k=3,                  # toolcall: facts returned per search
       max_calls=4,              # toolcall: tool calls per episode (methods compare at equal budgets)
       scratch_dir="",           # codefix: where the sandbox's workspaces live ("" = a new temp dir per env)
@@ -76,7 +76,7 @@ def base_config() -> ml_collections.ConfigDict:
       page_size=16,             # tokens per KV page
       num_pages=4096,           # KV pages per data shard (0: the rollouts' worst case, computed); a pool too small is refused up front
       kv_dtype="bfloat16",      # KV cache dtype: bfloat16 | float32
-      attention="auto",         # paged attention: auto (= cascade) | cascade | reference
+      attention="auto",         # paged attention: auto (pallas on TPU, else cascade) | cascade | pallas | reference
       max_shared_pages=256,     # cascade: most pages read once per step for all rows (rest go per row)
       obs_chunk=64,             # observation tokens prefilled per call, as many calls as the longest
                                 # needs: one program per row count (0: the whole observation capacity at once)

@@ -10,7 +10,7 @@ from tree_rl.sampling import StopReason as R
 from sampling_helpers import check_greedy, check_invariants, dense_logprobs
 from sampling_harness import MAX_NEW, Driver
 
-ATTN = ["reference", "cascade"]
+ATTN = ["reference", "cascade", "pallas"]   # pallas: the window kernel in interpret mode
 
 
 def check_all(model, result, logprob_atol=2e-4):

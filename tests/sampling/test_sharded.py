@@ -55,3 +55,26 @@ def test_sharded_decode_equals_single_device(model, temperature):
     check_invariants(sharded, shard)
   np.testing.assert_array_equal(np.asarray(sampling.pages_in_use(sharded)).sum(),
                                 np.asarray(sampling.pages_in_use(single)).sum())
+
+
+def test_pallas_window_kernel_sharded_over_data_equals_single_device(model):
+  """The Pallas window kernel (interpret mode) runs per data shard: a (data=4) mesh decodes
+  what one device decodes with the gathered window; a tensor axis is refused."""
+  mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
+  common = dict(page_size=4, max_pages_per_seq=16, kv_dtype="float32")
+  single = sampling.init_cache(model, max_seqs=ROWS, num_pages=64, **common)
+  sharded = sampling.init_cache(model, max_seqs=ROWS // 4, num_pages=16, mesh=mesh, **common)
+  assert sampling.window_kernel(sharded, "pallas") == "interpret"
+  assert sampling.window_kernel(sharded, "auto") == ""          # not a TPU: the gathered window
+  _, ref = _program(single, "cascade", 1.0)
+  _, got = _program(sharded, "pallas", 1.0)
+  for a, b in zip(ref, got):
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype.kind == "f":
+      np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-4)
+    else:
+      np.testing.assert_array_equal(a, b)
+  split = sampling.init_cache(model, max_seqs=ROWS // 4, num_pages=16, **common,
+                              mesh=Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "tensor")))
+  with pytest.raises(ValueError, match="tensor"):
+    sampling.window_kernel(split, "pallas")

@@ -42,7 +42,7 @@ _VERSION = itertools.count(1)
 # Hook applied to every per-shard function before jit (tests wrap it in chex.assert_max_traces).
 WRAP = lambda name, fn: fn  # noqa: E731
 TENSOR_LOGICAL_AXES = ("heads", "kv_heads", "mlp")
-ATTENTION = ("auto", "reference", "cascade")   # decode's paged attention layouts
+ATTENTION = ("auto", "reference", "cascade", "pallas")   # decode's paged attention layouts
 
 
 class _Static:
@@ -368,13 +368,34 @@ def lowered(name: str, cache: Cache, *args, **statics) -> jax.stages.Lowered:
 
 def decode_statics(*, max_new: int, top_k: int = 0, top_p: float = 1.0, shared_pages: int = 0,
                    window_pages: int, turn_segments: int = 1, entropy_tokens: int = 0,
-                   entropy_top: int = 0) -> dict:
+                   entropy_top: int = 0, window_kernel: str = "") -> dict:
   """The static arguments of one decode program (its jit key beside the shapes)."""
   return {"max_new": int(max_new), "top_k": int(top_k), "top_p": float(top_p),
           "shared_pages": int(shared_pages), "window_pages": int(window_pages),
           "turn_segments": int(turn_segments),
           "entropy_tokens": min(int(entropy_tokens), int(max_new)),
-          "entropy_top": int(entropy_top) if int(entropy_tokens) else 0}
+          "entropy_top": int(entropy_top) if int(entropy_tokens) else 0,
+          "window_kernel": str(window_kernel)}
+
+
+def window_kernel(cache: Cache, attention: str) -> str:
+  """How decode reads each row's private pages (`decode_turn.decode`'s window_kernel): with
+  the Pallas kernel compiled for TPU ("tpu": `pallas` on a TPU, and `auto` there), in Pallas'
+  interpret mode (`pallas` elsewhere: slow, for checking numerics) or gathered ("": `cascade`,
+  `reference`, and `auto` off TPUs). The kernel runs per data shard: a cache whose KV heads
+  are split over a tensor axis keeps the gathered window."""
+  if attention not in ("auto", "pallas"):
+    return ""
+  devices = cache.mesh.devices.flat if cache.mesh is not None else jax.devices()
+  platform = next(iter(devices)).platform
+  split = cache.mesh is not None and cache.tensor_axis is not None and \
+      cache.mesh.shape[cache.tensor_axis] > 1
+  if attention == "auto":
+    return "tpu" if platform == "tpu" and not split else ""
+  if split:
+    raise ValueError("sampler.attention='pallas' reads whole KV pages per data shard: it needs "
+                     "a rollout mesh without a tensor axis (mesh tensor size 1)")
+  return "tpu" if platform == "tpu" else "interpret"
 
 
 def _rows(x, dtype, name):
@@ -460,7 +481,8 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
 
   attention: "reference" attends every row's whole page table; "cascade" (and "auto") read pages
   shared by several rows once per step for all rows (at most max_shared_pages of them) plus a
-  per-row private window. Unless shared_pages/window_pages are given, sizes are planned from the
+  per-row private window; "pallas" (and "auto" on a TPU) reads that window's pages in place with
+  a Pallas kernel instead of gathering them (`window_kernel`). Unless shared_pages/window_pages are given, sizes are planned from the
   cache on the host (one small device-to-host copy per turn, rounded up to powers of two so only
   a few shapes are compiled). turn_segments > 1 splits the turn into that many loops so early
   steps read less of the turn's own keys (costs one more compiled loop body per segment).
@@ -497,11 +519,12 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
       return np.full((b,), max_new if x is None else x, np.int32)
     return _rows(x, jnp.int32, name)
 
+  kernel = window_kernel(cache, attention) if attention != "reference" else ""
   statics = tuple(decode_statics(max_new=max_new, top_k=top_k, top_p=top_p,
                                  shared_pages=shared_pages, window_pages=window_pages,
                                  turn_segments=turn_segments,
                                  entropy_tokens=entropy_tokens,
-                                 entropy_top=entropy_top).items())
+                                 entropy_top=entropy_top, window_kernel=kernel).items())
   stop = to_device(stop_ids if hasattr(stop_ids, "shape") else list(stop_ids), np.int32).reshape(-1)
   if stop.shape[0] == 0:
     stop = to_device(np.full((1,), -1, np.int32))

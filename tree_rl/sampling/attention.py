@@ -28,9 +28,11 @@ def gather_pages(pages: jax.Array, table: jax.Array, kv_heads: int,
   return g.reshape(b, w * pages.shape[-2], kv_heads, pages.shape[-1] // kv_heads)
 
 
-def attend(q: jax.Array, parts) -> jax.Array:
+def attend(q: jax.Array, parts, partial=None) -> jax.Array:
   """q [B, T, H, D]; parts: sequence of (k, v, mask). Returns [B, T, H, D] in q's dtype.
 
+  partial: a part already reduced elsewhere (`paged_kernel.window_attention`, T = 1): (acc
+  [B, H, D] unnormalised, max [B, H, 1], denominator [B, H, 1]), merged into the same softmax.
   Rows whose mask is empty everywhere give zeros.
   """
   b, t, h, d = q.shape
@@ -47,9 +49,15 @@ def attend(q: jax.Array, parts) -> jax.Array:
     scores.append(jnp.where(m, s * scale, NEG))
     masks.append(m)
   allscores = jnp.concatenate(scores, axis=-1)
-  mx = jnp.max(allscores, axis=-1, keepdims=True)
+  mx = jnp.max(allscores, axis=-1, keepdims=True)                       # [B, KV, G, T, 1]
   out = 0.0
   denom = 0.0
+  if partial is not None:
+    acc, pm, pl = (x.reshape(b, kvh, h // kvh, 1, -1) for x in partial)   # T = 1
+    mx = jnp.maximum(mx, pm)
+    w = jnp.exp(pm - mx)
+    denom = pl * w
+    out = jnp.moveaxis(acc * w, 3, 1)                                    # [B, T, KV, G, D]
   for s, m, (k, v, _) in zip(scores, masks, parts):
     p = jnp.where(m, jnp.exp(s - mx), 0.0)
     denom = denom + p.sum(-1, keepdims=True)

@@ -4,7 +4,8 @@ Attention of each new token reads three parts (see `attention.attend`):
   * shared: pages referenced by >= 2 rows of the batch at turn start (a full page is immutable,
     so this set is fixed for the whole turn), read once per step for all rows;
   * private: each row's other cached pages, gathered once per turn into a window of
-    `window_pages` pages;
+    `window_pages` pages, or (window_kernel) read in place from the pool at every step by the
+    Pallas kernel `paged_kernel.window_attention`;
   * turn: the keys/values of this turn's tokens, kept in a dense [B, max_new] buffer and
     written into freshly allocated pages when the turn ends.
 With shared_pages=0 and window_pages=max_pages_per_seq this is the plain reference layout.
@@ -23,6 +24,7 @@ from flax import struct
 
 from tree_rl.sampling import cache as C
 from tree_rl.sampling.attention import attend, gather_pages
+from tree_rl.sampling.paged_kernel import pack_window, window_attention
 from tree_rl.sampling.sample import listed_entropy, policy_entropy, sample
 
 class StopReason(enum.IntEnum):
@@ -76,7 +78,7 @@ def plan(state: C.CacheState, slots: jax.Array, valid: jax.Array) -> jax.Array:
 def decode(model, state: C.CacheState, slots, valid, keys, max_tokens, budget, stop_ids,
            temperature, *, max_new: int, top_k: int = 0, top_p: float = 1.0,
            shared_pages: int = 0, window_pages: int | None = None, turn_segments: int = 1,
-           entropy_tokens: int = 0, entropy_top: int = 0):
+           entropy_tokens: int = 0, entropy_top: int = 0, window_kernel: str = ""):
   """Generate up to max_new tokens for rows `slots` [B] (local ids) where `valid` [B].
 
   keys [B]: one random key per row (step i of row b draws with fold_in(keys[b], i)).
@@ -90,6 +92,9 @@ def decode(model, state: C.CacheState, slots, valid, keys, max_tokens, budget, s
   entropy_tokens steps (`DecodeOutput.entropy`); 0 computes and carries nothing extra.
   entropy_top > 0 reports instead what a listing of the top entropy_top log-probs shows, / ln V
   (`listed_entropy`: ARPO's per-token entropy).
+  window_kernel: "" gathers each row's private window once per turn; "tpu" reads it in place
+  at every step with the Pallas kernel (compiled for TPU), "interpret" runs that kernel in
+  Pallas' interpret mode (any backend: the tests' CPU path).
   """
   ps, n = state.k.shape[2], state.k.shape[1]
   s, mp = state.lens.shape[0], state.page_table.shape[1]
@@ -133,8 +138,14 @@ def decode(model, state: C.CacheState, slots, valid, keys, max_tokens, budget, s
   kvh, hd, kvdt = model.cfg.num_kv_heads, model.cfg.head_dim, state.k.dtype
   shared_k = state.k[:, shared_list].reshape(nl, ns * ps, kvh, hd) if ns > 0 else None
   shared_v = state.v[:, shared_list].reshape(nl, ns * ps, kvh, hd) if ns > 0 else None
-  priv_k = [gather_pages(state.k[l], priv_table, kvh) for l in range(nl)]
-  priv_v = [gather_pages(state.v[l], priv_table, kvh) for l in range(nl)]
+  if window_kernel:
+    valid_tokens = jnp.clip(start[:, None] - order * ps, 0, ps)
+    window = pack_window(priv_table, jnp.where(jnp.arange(w)[None] < priv_count[:, None],
+                                               valid_tokens, 0), n)
+    window_count = jnp.where(run0, jnp.minimum(priv_count, w), 0).astype(jnp.int32)
+  else:
+    priv_k = [gather_pages(state.k[l], priv_table, kvh) for l in range(nl)]
+    priv_v = [gather_pages(state.v[l], priv_table, kvh) for l in range(nl)]
   # Turn buffers: per layer, one array per segment (never sliced inside the loop).
   nseg = max(1, min(turn_segments, max_new))
   bounds = [round(c * max_new / nseg) for c in range(nseg + 1)]
@@ -174,12 +185,16 @@ def decode(model, state: C.CacheState, slots, valid, keys, max_tokens, budget, s
       vl = jax.lax.dynamic_update_slice(vb[layer][seg], v.astype(kvdt), (0, i - lo, 0, 0))
       kb = kb[:layer] + (kb[layer][:seg] + (kl,) + kb[layer][seg + 1:],) + kb[layer + 1:]
       vb = vb[:layer] + (vb[layer][:seg] + (vl,) + vb[layer][seg + 1:],) + vb[layer + 1:]
-      parts = [(priv_k[layer], priv_v[layer], priv_mask)]
+      parts = [] if window_kernel else [(priv_k[layer], priv_v[layer], priv_mask)]
       parts += [(kb[layer][c], vb[layer][c], jnp.ones((b, 1, sizes[c]), bool)) for c in range(seg)]
       parts.append((kl, vl, turn_mask))
       if ns > 0:
         parts.append((shared_k[layer], shared_v[layer], shared_tok_mask))
-      return attend(q, parts), (kb, vb)
+      partial = None
+      if window_kernel:
+        partial = window_attention(q[:, 0], state.k, state.v, window, window_count, layer=layer,
+                                   interpret=window_kernel == "interpret")
+      return attend(q, parts, partial), (kb, vb)
 
     hidden, (kbuf, vbuf) = model.forward(pending[:, None], pos[:, None], attend_fn, (kbuf, vbuf))
     logits = model.logits(hidden[:, 0])
