@@ -4,7 +4,7 @@
     python -m experiments.evaluate --workdir=runs/default --maps=maps.json   # any FrozenLake maps
 
 `--maps=FILE.json` evaluates on the maps of a JSON file instead of the held-out split (a list of
-{"rows": ["SFFH", "FHFG", ...]} in gymnasium's letters; `tree_rl.data.frozenlake_json` says
+{"rows": ["SFFH", "FHFG", ...]} in gymnasium's letters; `tree_rl.envs.frozenlake.json_maps` says
 what is checked), e.g. another framework's published test set; each row then names the file.
 
 The run's own config (its config.json) is used; `--config.x=...` may change only fields that

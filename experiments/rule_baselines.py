@@ -3,7 +3,7 @@
     python -m experiments.rule_baselines --config=configs/frozenlake.py
     python -m experiments.rule_baselines --config=configs/frozenlake.py --maps=maps.json --episodes=16
 
-Rules (`tree_rl.envs.frozenlake_rules`): `hint` plays the goal hint's first direction word,
+Rules (`tree_rl.envs.frozenlake.rules`): `hint` plays the goal hint's first direction word,
 `random` a random move that stays on the map (both blind to holes), `expert` the shortest safe
 path. A learned policy that reads the grid has to beat the first two on every side. Prints one
 JSON line per rule (success rate overall and per side, over `--episodes` episodes per map for
@@ -30,7 +30,7 @@ def main(argv):
   import numpy as np
 
   from tree_rl import tasks
-  from tree_rl.envs.frozenlake_rules import RULES, success
+  from tree_rl.envs.frozenlake.rules import RULES, success
   from tree_rl.models import build_tokenizer
   from tree_rl.validation import validate
 

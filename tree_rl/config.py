@@ -1,8 +1,9 @@
 """The config schema shared by every experiment family, and `key=value` argument parsing.
 
-Every knob lives here with a comment, except an advantage estimator's own: it declares them where
-it is registered (`tree_rl.learner.advantages.register`) and `base_config` adds them to
-`learner`. `configs/*.py` start from `base_config()` and override.
+Every knob lives here with a comment, except an advantage estimator's own and an environment's
+own: each declares them where it is registered (`tree_rl.learner.advantages.register`,
+`tree_rl.envs.register(..., fields=...)`) and `base_config` adds them to `learner` / `env`.
+`configs/*.py` start from `base_config()` and override.
 Configs are locked, so a misspelled `--config.section.field=...` fails with the known fields.
 """
 
@@ -59,19 +60,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.env = dict(
       name="frozenlake",        # a name in tree_rl.envs' registry
       preset="rllm",            # env preset (frozenlake: rllm | rllm_small | ragen; toolcall: default)
-      goal_hint=False,          # frozenlake: observations also say where the goal is ("Goal: 2 Down, 1 Right.")
-      local_view=False,         # frozenlake: observations end with what each move leads onto ("O:Down" ...)
       split="train",            # toolcall: question split episodes draw from (train | test)
       data_dir="",              # TFDS dir of prepared map sets / KB (tree_rl.data); "" = generate from data_seed
       data_seed=42,             # seed of the fixed FrozenLake map sets (rLLM: 42) and of the toolcall KB
       kb_scale=1,               # toolcall: the generated KB's entity counts times this (1: 60 people, 30 cities,
                                 # 10 countries, 20 companies; about 570 questions, 100 held out)
-      eval_maps="",             # frozenlake: a JSON file of maps to evaluate on instead of the held-out split
-                                # ([{"rows": ["SFFH", ...]}, ...] in gymnasium letters; tree_rl.envs.frozenlake.json_maps)
       top_k=3,                  # toolcall: facts returned per search
       max_calls=4,              # toolcall: tool calls per episode (methods compare at equal budgets)
       scratch_dir="",           # codefix: where the sandbox's workspaces live ("" = a new temp dir per env)
+                                # (+ every registered env's own fields, e.g. frozenlake's goal_hint)
   )
+  _add_env_fields(c.env)
   c.sampler = dict(
       page_size=16,             # tokens per KV page
       num_pages=4096,           # KV pages per data shard (0: the rollouts' worst case, computed); a pool too small is refused up front
@@ -262,6 +261,19 @@ def _add_estimator_knobs(learner) -> None:
     if knob in learner:
       raise ValueError(f"an advantage estimator's knob {knob!r} is already config.learner.{knob}")
     learner[knob] = default
+
+
+def _add_env_fields(env) -> None:
+  """`env.<field>` for every registered environment's own field, at its default; the ranges of
+  the numeric ones join `RANGES`."""
+  from tree_rl import envs
+
+  for field, (owners, default) in envs.all_fields().items():
+    if field in env:
+      raise ValueError(f"env {owners[0]!r} declares the field {field!r}, which is already "
+                       f"config.env.{field}")
+    env[field] = default
+  RANGES.update({f"env.{field}": spec for field, spec in envs.all_ranges().items()})
 
 
 # ----------------------------------------------------------------------------- numeric ranges

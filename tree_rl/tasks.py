@@ -90,27 +90,6 @@ def preparing(directory: str):
       fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def frozenlake_tasks(config, tokenizer, directory) -> TaskSet:
-  from tree_rl.data import FrozenLakeMaps, FrozenLakeMapsConfig, load_frozenlake_maps
-
-  env = envs.from_config(config, tokenizer)
-  t = config.train
-  preset = config.env.preset
-  sizes = FrozenLakeMapsConfig(name=preset, preset=preset, seed=int(config.env.data_seed))
-  num_train = int(t.num_train_tasks) or sizes.num_train
-  num_test = int(t.num_test_tasks) or sizes.num_test
-  name = preset if (num_train, num_test, sizes.seed) == (10_000, 100, 42) else (
-      f"{preset}_{num_train}_{num_test}_seed{sizes.seed}")
-  maps = name if name == preset else FrozenLakeMapsConfig(
-      name=name, preset=preset, num_train=num_train, num_test=num_test, seed=sizes.seed)
-  FrozenLakeMaps(data_dir=directory, config=maps).download_and_prepare(file_format="array_record")
-  load = lambda split: load_frozenlake_maps(directory, split, env, config=name)
-  if config.env.get("eval_maps", ""):   # a map set given as JSON replaces the held-out split
-    from tree_rl.data.frozenlake_json import load_json_maps
-    return TaskSet(env, env, load("train"), load_json_maps(config.env.eval_maps, env))
-  return TaskSet(env, env, load("train"), load("test"))
-
-
 def toolcall_tasks(config, tokenizer, directory) -> TaskSet:
   from tree_rl.data import ToolcallQa, load_kb, scaled_config
 

@@ -87,7 +87,7 @@ def validate(config, *, engine=None, layout=None) -> None:
   _check(s.kv_dtype in KV_DTYPES, f"config.sampler.kv_dtype={s.kv_dtype!r}; known: {KV_DTYPES}")
   _check(s.attention in ATTENTION, f"config.sampler.attention={s.attention!r}; known: {ATTENTION}")
   _check_shards(config)
-  _check_eval_maps(config.env)
+  _check_env(config.env)
   if m.preset == "hf":
     path = m.hf_path
     _check(bool(path) and os.path.isfile(os.path.join(path, "config.json")),
@@ -173,16 +173,10 @@ def _check_shards(config) -> None:
          f"this process has {jax.local_device_count()}")
 
 
-def _check_eval_maps(env) -> None:
-  """A FrozenLake `env.eval_maps` file must hold valid maps the preset's largest side fits."""
-  path = env.get("eval_maps", "")
-  if not path:
-    return
-  _check(env.name == "frozenlake",
-         f"config.env.eval_maps is a FrozenLake option; config.env.name={env.name!r}")
-  from tree_rl.data.frozenlake_json import MapsFileError, read_maps
-  from tree_rl.envs.frozenlake import FrozenLake
-  try:
-    read_maps(path, FrozenLake(env.preset).max_size)
-  except MapsFileError as e:
-    raise ConfigError(f"config.env.eval_maps: {e}") from None
+def _check_env(env) -> None:
+  """No other env's field set, then the env's registered checks of `config.env` (the first
+  problem found is raised)."""
+  entry = envs.entry(env.name)
+  problems = envs.foreign_fields(env) + (entry.part("checks")(env) if entry.checks else [])
+  if problems:
+    raise ConfigError(problems[0])

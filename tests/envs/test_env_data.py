@@ -6,9 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from tree_rl.data import (FrozenLakeMaps, FrozenLakeMapsConfig, ToolcallQa, ToolcallQaConfig,
-                          load_frozenlake_maps, load_kb, scaled_config)
+from tree_rl.data import ToolcallQa, ToolcallQaConfig, load_kb, scaled_config
 from tree_rl.envs import frozenlake as fl
+from tree_rl.envs.frozenlake.maps import FrozenLakeMaps, FrozenLakeMapsConfig, load_frozenlake_maps
 from tree_rl.envs import toolcall as tc
 from tree_rl.envs.toolcall_kb import generate_kb
 

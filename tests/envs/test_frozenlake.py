@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tree_rl import envs
-from tree_rl.data.frozenlake_json import rows_of, shortest_path
+from tree_rl.envs.frozenlake.json_maps import rows_of, shortest_path
 from tree_rl.envs import frozenlake as fl
 
 KEY = jax.random.key(0)

@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from tree_rl.data import FrozenLakeMaps, FrozenLakeMapsConfig, load_frozenlake_maps
-from tree_rl.data.frozenlake_json import (MapsFileError, load_json_maps, parse_maps, read_maps,
+from tree_rl.envs.frozenlake.maps import FrozenLakeMaps, FrozenLakeMapsConfig, load_frozenlake_maps
+from tree_rl.envs.frozenlake.json_maps import (MapsFileError, load_json_maps, parse_maps, read_maps,
                                           rows_of)
 from tree_rl.envs import frozenlake as fl
 

@@ -5,9 +5,9 @@ import jax
 import numpy as np
 import pytest
 
-from tree_rl.data.frozenlake_json import parse_maps
+from tree_rl.envs.frozenlake.json_maps import parse_maps
 from tree_rl.envs import frozenlake as fl
-from tree_rl.envs.frozenlake_rules import success
+from tree_rl.envs.frozenlake.rules import success
 
 
 def _states(env, rows_list):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tree_rl.envs import frozenlake as fl
-from tree_rl.envs import frozenlake_text as ft
+from tree_rl.envs.frozenlake import text as ft
 
 FRAGMENTS = ["Up", "Down", "Left", "Right", "up", "LEFT", "down", " ", "\n", "  ", "<answer>", "</answer>",
              "<answer", "answer>", "</answ", "||", "|", " || ", "```", "Upward", "xUp", "I think ", "Right.",

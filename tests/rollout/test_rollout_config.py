@@ -57,7 +57,7 @@ def test_unknown_scorer_fails_for_scoring_methods():
 
 def test_sampler_knobs_reach_the_engine():
   from tree_rl.models import BuiltinTokenizer
-  from tree_rl.envs import FrozenLake
+  from tree_rl.envs.frozenlake import FrozenLake
   c = base_config()
   c.sampler.max_shared_pages, c.sampler.attention = 12, "cascade"
   tok = BuiltinTokenizer()

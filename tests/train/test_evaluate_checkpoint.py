@@ -12,7 +12,7 @@ import numpy as np
 
 from configs import frozenlake
 from tree_rl import tasks
-from tree_rl.data.frozenlake_json import rows_of
+from tree_rl.envs.frozenlake.json_maps import rows_of
 from tree_rl.metrics import read_jsonl
 from tree_rl.models import build_tokenizer
 from tree_rl.train import evaluate_checkpoint, train_and_evaluate

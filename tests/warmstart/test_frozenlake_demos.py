@@ -7,7 +7,7 @@ import pytest
 
 from tree_rl import envs, warmstart
 from tree_rl.envs import frozenlake as fl
-from tree_rl.envs import frozenlake_text as flt
+from tree_rl.envs.frozenlake import text as flt
 
 GEN_PROMPT = "<|im_start|>assistant\n"
 
@@ -174,11 +174,11 @@ def test_registry(rllm_env):
     def success(self, state):
       return state.won
 
-  envs.register("frozenlake_up", envs.FrozenLake, expert=Always)
+  envs.register("frozenlake_up", fl.FrozenLake, expert=Always)
   assert "frozenlake_up" in warmstart.registered_experts()
   assert isinstance(warmstart.make_expert("frozenlake_up", rllm_env, 0.0), Always)
   with pytest.raises(ValueError, match="already registered"):
-    envs.register("frozenlake_up", envs.FrozenLake, expert=lambda env, eps: None)
+    envs.register("frozenlake_up", fl.FrozenLake, expert=lambda env, eps: None)
 
 
 def _next_to_a_hole(prompt: str) -> bool:
@@ -195,7 +195,7 @@ def test_hard_demos_start_next_to_a_hole(tok):
   """`Expert.hard` (FrozenLake) is true exactly where a hole is next to the start, whether the
   hint points into it or not; hard_fraction draws that share of the demos from a larger pool,
   the rest from easy ones."""
-  from tree_rl.envs.frozenlake_rules import hint_move
+  from tree_rl.envs.frozenlake.rules import hint_move
   from tree_rl.warmstart.sft import HARD_POOL, draw_demos
   env = envs.make("frozenlake", preset="rllm_small", tokenizer=tok, goal_hint=True)
   expert = warmstart.make_expert("frozenlake", env, 0.0)

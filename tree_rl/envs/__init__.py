@@ -11,21 +11,31 @@
 A state is a pytree: branching a rollout tree is keeping (or `snapshot`-ing) it and stepping the
 copy. `register(name, factory, tasks=..., heuristic=..., judge=..., expert=...)` adds an environment,
 with its task set, process heuristic, judge template and warm-start expert, from a notebook.
+An env package here (`tree_rl/envs/<name>/`) holds all of one environment and registers it when
+imported; importing `tree_rl.envs` imports every such package.
 """
 
+import importlib
+import pkgutil
+
 from tree_rl.envs.base import Environment, TokenEnv, repeat, restore, snapshot, take
-from tree_rl.envs.registry import EnvEntry, entry, from_config, make, register, registered
-from tree_rl.envs.frozenlake import FrozenLake, FrozenLakeParams, FrozenLakeState, distance_to_goal
+from tree_rl.envs.registry import (EnvEntry, all_fields, all_ranges, entry, foreign_fields,
+                                     from_config, make, register, registered)
 from tree_rl.envs.toolcall import ToolAction, ToolCallEnv, ToolCallParams, ToolCallState
 from tree_rl.envs.toolcall_kb import KnowledgeBase, Question, generate_kb
 from tree_rl.envs.external_tool import ExternalTool
 from tree_rl.envs.host import HostEnv, HostState, is_host_env
 
-register("frozenlake", FrozenLake, config_fields=("preset", "goal_hint", "local_view"),
-         tasks="tree_rl.tasks:frozenlake_tasks",
-         heuristic="tree_rl.rollout.scorers:frozenlake_progress",
-         judge="tree_rl.rollout.scorers:FROZENLAKE_JUDGE",
-         expert="tree_rl.warmstart.frozenlake_expert:FrozenLakeExpert")
+
+def _import_env_packages() -> None:
+  """Import every env package beside this file: each registers its environment."""
+  for module in pkgutil.iter_modules(__path__):
+    if module.ispkg:
+      importlib.import_module(f"{__name__}.{module.name}")
+
+
+_import_env_packages()
+
 register("toolcall", ToolCallEnv,
          config_fields=("preset", "split", "data_dir", "data_seed", "top_k", "max_calls"),
          tasks="tree_rl.tasks:toolcall_tasks",

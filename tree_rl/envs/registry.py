@@ -1,11 +1,16 @@
 """The env registry: one `register` names everything the rest of tree_rl needs of an environment.
 
-    register("mylake", MyLake, config_fields=("preset",), tasks=my_tasks,
-             heuristic=my_progress, judge=MY_JUDGE, expert=MyExpert)
+    register("mylake", MyLake, fields=dict(holes=3), ranges=dict(holes="int [0 _)"),
+             config_fields=("preset", "holes"), tasks=my_tasks, heuristic=my_progress,
+             judge=MY_JUDGE, expert=MyExpert, checks=my_checks)
     env = make("mylake", tokenizer=tok, preset="...")
     env = from_config(config, tokenizer)
 
 What an entry holds (`EnvEntry`):
+- fields: the env's own `config.env` fields, name -> default (`tree_rl.config.base_config` adds
+  them beside the shared name / preset / data_dir / data_seed, so they round-trip through a run's
+  config.json); ranges: the numeric ones' ranges (`tree_rl.config.RANGES` notation). Two envs
+  may share a field with one default; a field of another env set away from its default is refused;
 - factory(tokenizer=..., max_turns=..., max_reply_tokens=..., **fields) -> TokenEnv;
   `from_config` passes the `config.env` fields named in `config_fields`, the turn limit
   `config.rollout.max_turns` and the reply size `config.rollout.max_tokens_per_turn`;
@@ -14,7 +19,9 @@ What an entry holds (`EnvEntry`):
 - judge: a `tree_rl.rollout.scorers.JudgeTemplate`, the judge scorer's stage-aware prompt (its
   text with `{stage}` / `{trajectory}` slots, the stage names, and a function of the env state
   giving the current stage);
-- expert(env, epsilon) -> `tree_rl.warmstart.Expert`: the warm start's demonstrator.
+- expert(env, epsilon) -> `tree_rl.warmstart.Expert`: the warm start's demonstrator;
+- checks(config.env) -> list of problems (each a message naming the field), run by
+  `tree_rl.validation.validate` before anything is built.
 The factory and each part may be the object or a "module:attribute" path imported on first use (as gymnasium's
 entry points), so a built-in env registers its parts without importing them.
 """
@@ -29,7 +36,7 @@ from tree_rl.registry import Registry
 
 _PARTS = {"tasks": "its task set (train / test initial states)",
           "heuristic": "a heuristic process score", "judge": "a judge template",
-          "expert": "a warm-start expert"}
+          "expert": "a warm-start expert", "checks": "config checks"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,13 +44,17 @@ class EnvEntry:
   name: str
   factory: Callable | str
   config_fields: tuple[str, ...] = ("preset",)
+  fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+  ranges: dict[str, str] = dataclasses.field(default_factory=dict)
   tasks: Callable | str | None = None
   heuristic: Callable | str | None = None
   expert: Callable | str | None = None
   judge: Any = None
+  checks: Callable | str | None = None
 
   def part(self, what: str) -> Any:
-    """The entry's `tasks`, `heuristic`, `judge` or `expert` (imported if given as a path)."""
+    """The entry's `tasks`, `heuristic`, `judge`, `expert` or `checks` (imported if given as a
+    path)."""
     value = getattr(self, what)
     if value is None:
       raise KeyError(f"env {self.name!r} (config.env.name) has no {_PARTS[what]}; register it "
@@ -66,14 +77,24 @@ _REGISTRY = Registry("env", "config.env.name")
 
 
 def register(name: str, factory: Callable | str, *, config_fields: tuple[str, ...] = ("preset",),
+             fields: dict[str, Any] | None = None, ranges: dict[str, str] | None = None,
              tasks: Callable | str | None = None, heuristic: Callable | str | None = None,
              expert: Callable | str | None = None, judge: Any = None,
-             overwrite: bool = False) -> Callable:
+             checks: Callable | str | None = None, overwrite: bool = False) -> Callable:
   """Register the environment `name` with everything tree_rl needs of it (see the module
   docstring); returns the factory."""
-  entry = EnvEntry(name, factory, tuple(config_fields), tasks, heuristic, expert, judge)
+  fields, ranges = dict(fields or {}), dict(ranges or {})
+  entry = EnvEntry(name, factory, tuple(config_fields), fields, ranges, tasks, heuristic, expert,
+                   judge, checks)
   if name in _REGISTRY and not overwrite and _REGISTRY.get(name) != entry:
     raise ValueError(f"env {name!r} is already registered; pass overwrite=True to replace it")
+  unknown = sorted(set(ranges) - set(fields))
+  if unknown:
+    raise ValueError(f"env {name!r} declares ranges of {unknown}, which are not among its fields")
+  for field, (owners, default) in all_fields(skip=name).items():
+    if field in fields and fields[field] != default:
+      raise ValueError(f"env {name!r}: config.env.{field} defaults to {fields[field]!r}, but env "
+                       f"{owners[0]!r} declares it with {default!r}; a shared field has one default")
   _REGISTRY.register(name)(entry)
   return factory
 
@@ -90,6 +111,32 @@ def make(name: str, **kwargs) -> Any:
 
 def registered() -> list[str]:
   return _REGISTRY.names()
+
+
+def all_fields(skip: str = "") -> dict[str, tuple[tuple[str, ...], Any]]:
+  """{field: (the envs declaring it, its default)} over the registered envs' own `config.env`
+  fields (but env `skip`'s)."""
+  out: dict[str, tuple[tuple[str, ...], Any]] = {}
+  for name in _REGISTRY.ordered():
+    if name != skip:
+      for field, default in entry(name).fields.items():
+        out[field] = (out.get(field, ((), None))[0] + (name,), default)
+  return out
+
+
+def all_ranges() -> dict[str, str]:
+  """{field: range} of the registered envs' numeric fields."""
+  return {f: spec for name in _REGISTRY.ordered() for f, spec in entry(name).ranges.items()}
+
+
+def foreign_fields(env_config) -> list[str]:
+  """Fields of `config.env` that belong to other envs than `config.env.name` and are set away
+  from their default: one message each."""
+  own = entry(env_config.name).fields
+  return [f"config.env.{field} is an option of env {' / '.join(map(repr, owners))}; "
+          f"config.env.name={env_config.name!r}"
+          for field, (owners, default) in all_fields().items()
+          if field not in own and field in env_config and env_config[field] != default]
 
 
 def from_config(config, tokenizer=None, **kwargs) -> Any:

@@ -9,7 +9,7 @@ Slippery (gymnasium): the intended direction with probability `success_rate`, ea
 direction with (1 - success_rate) / 2. The episode ends on a hole, on the goal (reward 1), after
 `max_steps` moves or after `max_turns` turns.
 
-The token env (`frozenlake.FrozenLake`) and its text rendering (`frozenlake_text`) build on this
+The token env (`env.FrozenLake`) and its text rendering (`text`) build on this
 module; it depends on neither.
 """
 

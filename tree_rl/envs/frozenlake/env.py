@@ -1,6 +1,6 @@
 """FrozenLake as a token env: presets, static set-up and the token methods the engine calls.
 
-The dynamics are `frozenlake_dynamics` (re-exported here), the text `frozenlake_text`.
+The dynamics are `dynamics`, the text `text`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import numpy as np
 
 from tree_rl.compile_cache import to_device
 from tree_rl.envs.base import TokenEnv, pytree_hash
-from tree_rl.envs.frozenlake_dynamics import *  # noqa: F401,F403 (the dynamics' public names)
-from tree_rl.envs.frozenlake_dynamics import (FrozenLakeParams, distance_to_goal, generate_map,
+from tree_rl.envs.frozenlake.dynamics import (FrozenLakeParams, distance_to_goal, generate_map,
                                               init_state, observation_grid, transition)
-from tree_rl.envs.frozenlake_text import FrozenLakeText
+from tree_rl.envs.frozenlake.text import FrozenLakeText
 
 PRESETS = {
     # rLLM: random size 2..9, p ~ U(0.6, 0.85), not slippery, 8 moves, 10 turns, one move per turn.

@@ -15,7 +15,7 @@ import itertools
 import jax
 import jax.numpy as jnp
 
-from tree_rl.envs import frozenlake as fl
+from tree_rl.envs.frozenlake import dynamics as fl
 
 _FORMATS = {"last_word": "{}", "fenced": "```{}```", "answer_tag": "<answer>{}</answer>"}
 _FAR = 1 << 20

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from tree_rl.compile_cache import light_jit
-from tree_rl.envs.frozenlake_dynamics import FROZEN, GOAL, HOLE, PAD
+from tree_rl.envs.frozenlake.dynamics import FROZEN, GOAL, HOLE, PAD
 
 LETTERS = {"S": FROZEN, "F": FROZEN, "H": HOLE, "G": GOAL}
 

@@ -20,7 +20,8 @@ import tensorflow_datasets as tfds
 from tree_rl.compile_cache import light_jit
 from tree_rl.data.builder_utils import LocalBuilder
 
-from tree_rl.envs import frozenlake as fl
+from tree_rl.envs.frozenlake import dynamics as fl
+from tree_rl.envs.frozenlake.env import FrozenLake
 
 
 @dataclasses.dataclass
@@ -41,7 +42,7 @@ class FrozenLakeMaps(LocalBuilder):
                      FrozenLakeMapsConfig(name="ragen", preset="ragen")]
 
   def _env(self):
-    return fl.FrozenLake(self.builder_config.preset)
+    return FrozenLake(self.builder_config.preset)
 
   def _info(self):
     m = self._env().max_size
@@ -82,7 +83,7 @@ class FrozenLakeMaps(LocalBuilder):
                        "goal": goal[j], "shortest_path": dist[j]}
 
 
-def load_frozenlake_maps(data_dir: str, split: str, env: fl.FrozenLake, config: str = "rllm"):
+def load_frozenlake_maps(data_dir: str, split: str, env: FrozenLake, config: str = "rllm"):
   """All maps of a prepared split as one batched, freshly reset FrozenLakeState."""
   source = tfds.data_source(f"frozen_lake_maps/{config}", data_dir=data_dir, split=split)
   rows = [source[i] for i in range(len(source))]

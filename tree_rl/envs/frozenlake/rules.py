@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tree_rl.envs import frozenlake as fl
-from tree_rl.warmstart.frozenlake_expert import best_move
+from tree_rl.envs.frozenlake import dynamics as fl
+from tree_rl.envs.frozenlake.env import FrozenLake
+from tree_rl.envs.frozenlake.expert import best_move
 
 
 def hint_move(state) -> jax.Array:
@@ -49,7 +50,7 @@ MOVES = {"hint": lambda state, key: hint_move(state), "random": random_move,
 RULES = tuple(MOVES)
 
 
-def success(env: fl.FrozenLake, states, rule: str, key, episodes: int = 1) -> np.ndarray:
+def success(env: FrozenLake, states, rule: str, key, episodes: int = 1) -> np.ndarray:
   """bool [N, episodes]: whether `rule` reaches the goal of each map in batched initial `states`
   within the env's turn and move limits (one move per turn; episode e of map i draws its random
   moves from fold_in(fold_in(key, i), e))."""

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tree_rl.envs import frozenlake_dynamics as fl
+from tree_rl.envs.frozenlake import dynamics as fl
 from tree_rl.envs import text as tx
 
 CELL_CHARS = {fl.OBS_PAD: "", fl.OBS_FROZEN: "_", fl.OBS_HOLE: "O", fl.OBS_GOAL: "G",

@@ -53,17 +53,6 @@ def make_heuristic(cfg, *, env=None, env_params=None, **_):
 # the built-in envs' heuristics (registered in tree_rl.envs)
 
 
-def frozenlake_progress(env, env_params, state, root_state):
-  """1 - d / d0 with d the BFS moves left to the goal and d0 those at the episode start;
-  1 on the goal, 0 in a hole (or when the goal became unreachable)."""
-  del env_params
-  d = env.distance_to_goal(state).astype(jnp.float32)
-  d0 = env.distance_to_goal(root_state).astype(jnp.float32)
-  prog = 1.0 - d / jnp.maximum(d0, 1.0)
-  prog = jnp.where(d < 0, 0.0, prog)
-  return jnp.where(state.won, 1.0, jnp.where(state.fell, 0.0, jnp.clip(prog, 0.0, 1.0)))
-
-
 def toolcall_progress(env, env_params, state, root_state):
   """Fraction of the facts the question needs that searches have shown; 1 once answered right."""
   del env_params, root_state

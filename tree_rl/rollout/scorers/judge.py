@@ -177,12 +177,6 @@ def make_judge(cfg, *, tokenizer=None, generate=None, env=None, env_params=None,
   return score
 
 
-def frozenlake_stage(env, env_params, state, root_state):
-  """0 (plan) until the agent's first move on the board, 1 (move) after it."""
-  del env, env_params, root_state
-  return (state.steps > 0).astype(jnp.int32)
-
-
 def toolcall_stage(env, env_params, state, root_state):
   """0 (search) while searches are left and nothing is answered, 1 (answer) after."""
   del root_state
@@ -196,23 +190,19 @@ def codefix_stage(env, env_params, state, root_state):
   return jnp.clip(env.info(state, "stage").astype(jnp.int32) - 1, 0, 2)
 
 
-_JUDGE_ASK = (" Reply with one integer from 0 (hopeless) to 10 (certain to succeed).<|im_end|>\n"
-              "<|im_start|>user\nStage: {stage}\nTrajectory so far:\n{trajectory}\n"
-              "Score:<|im_end|>\n<|im_start|>assistant\n")
-FROZENLAKE_JUDGE = JudgeTemplate(
-    text="<|im_start|>system\nYou judge an agent walking on a FrozenLake grid to the goal G "
-         "without falling into a hole O. Its stages: plan (it reads the map and picks a route, "
-         "no move made yet) and move (it moves on the board toward the goal)." + _JUDGE_ASK,
-    stages=("plan", "move"), stage=frozenlake_stage)
+# the request that ends a stage-aware judge prompt, after the env's system text
+JUDGE_ASK = (" Reply with one integer from 0 (hopeless) to 10 (certain to succeed).<|im_end|>\n"
+             "<|im_start|>user\nStage: {stage}\nTrajectory so far:\n{trajectory}\n"
+             "Score:<|im_end|>\n<|im_start|>assistant\n")
 TOOLCALL_JUDGE = JudgeTemplate(
     text="<|im_start|>system\nYou judge an agent answering a multi-hop question with a search "
          "tool. Its stages: search (it gathers the facts the question needs) and answer (no "
          "searches left or an answer given: the answer must follow from the facts found)."
-         + _JUDGE_ASK,
+         + JUDGE_ASK,
     stages=("search", "answer"), stage=toolcall_stage)
 CODEFIX_JUDGE = JudgeTemplate(
     text="<|im_start|>system\nYou judge an agent repairing a bug in a small Python module with "
          "tools to read files, replace text, run the visible tests and submit. Its stages: "
          "diagnose (it reads the code and the tests to find the bug), edit (it changed the code) "
-         "and verify (it ran the tests on its edit; the fix must make them pass)." + _JUDGE_ASK,
+         "and verify (it ran the tests on its edit; the fix must make them pass)." + JUDGE_ASK,
     stages=("diagnose", "edit", "verify"), stage=codefix_stage)

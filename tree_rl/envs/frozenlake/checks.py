@@ -1,0 +1,18 @@
+"""FrozenLake's config checks, run before anything is built."""
+
+from __future__ import annotations
+
+
+def check(env_config) -> list[str]:
+  """Problems with `config.env` for FrozenLake: an `eval_maps` file must hold valid maps that the
+  preset's largest side fits."""
+  path = env_config.get("eval_maps", "")
+  if not path:
+    return []
+  from tree_rl.envs.frozenlake.env import FrozenLake
+  from tree_rl.envs.frozenlake.json_maps import MapsFileError, read_maps
+  try:
+    read_maps(path, FrozenLake(env_config.preset).max_size)
+  except MapsFileError as e:
+    return [f"config.env.eval_maps: {e}"]
+  return []
