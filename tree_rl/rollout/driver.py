@@ -172,7 +172,7 @@ def warm_up(engine: Engine, method: RolloutMethod, cache, env_states, *, budget:
   engine's buckets (`Engine.row_counts`), with the statics `run` uses. The trees are discarded;
   returns the cache, empty again. A host env is not stepped here (its turns build on first use).
   """
-  if engine.host:
+  if not engine.stepper.can_warm_up:
     return cache
   layout = _layout(engine, method, env_states, capacity)
   key = jax.random.wrap_key_data(np.zeros((2,), np.uint32))   # any key: no program to make one

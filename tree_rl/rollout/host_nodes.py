@@ -1,5 +1,5 @@
 """The host state of a rollout's nodes: one handle of a `HostEnv` per node that holds a sampler
-sequence (the engine's side of `tree_rl.envs.host`).
+sequence (the rollout's side of `tree_rl.envs.host`, driven by `steppers.HostEnvStepper`).
 
 `HostNodes` owns the int64 [P, N] handle table (-1: none) and the env calls on it, each at the
 engine's turn boundary: `start` resets the prompts' episodes (every root its own copy), `fork`
