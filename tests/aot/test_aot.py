@@ -187,6 +187,29 @@ def test_model_scorer_programs_split_their_rows_over_the_data_shards(tpu_devices
   finally:
     sp.close()
 
+
+def test_decode_with_the_pallas_window_kernel_compiles_for_v5e(tpu_devices):
+  """With `sampler.attention=auto` a TPU run reads private pages with the Pallas kernel: the
+  decode turn compiles for v5e with it (the gathered path beside it for comparison), holds less
+  than the gathered window in temporaries, and its step counts the kernel's DMAs by hand: each
+  row's private pages of K and V in every layer."""
+  config = configs.frozenlake.get_config("algo=patr,smoke")
+  config.sampler.attention = "auto"
+  sp = programs.StepPrograms(config, tpu_devices)
+  try:
+    assert sp.window_kernel() == "tpu"
+    decs = [p for p in sp.rollout_programs() if "decode" in p.name]
+    assert [p.calls > 0 for p in decs] == [True, False] and decs[0].kernel and not decs[1].kernel
+    kernel, gathered = (analysis.compile_program(p) for p in decs)
+    assert not kernel.error and not gathered.error
+    assert kernel.temp_bytes < gathered.temp_bytes
+    m, ps = sp.model_config, sp.shape.page_size
+    page = ps * m.num_kv_heads * m.head_dim * 2            # one layer's K page, bf16
+    assert decs[0].kernel.bytes > (sp.shape.live_rows() / sp.shape.shards) * m.num_layers * 2 * page
+    assert kernel.loops[0]["bytes"] >= decs[0].kernel.bytes
+  finally:
+    sp.close()
+
 def test_a_step_that_cannot_fit_says_so(tpu_devices):
   mesh = jax.sharding.Mesh(np.array(tpu_devices), ("data",))
   x = jax.ShapeDtypeStruct((80_000,), jnp.float32, sharding=NamedSharding(mesh, P()))

@@ -142,5 +142,12 @@ def compile_program(program: Program) -> Result:
     if loop.twin:   # the program with one more iteration: the difference is one body
       f2, b2 = max(f2 - res.flops, 0.0), max(b2 - res.bytes_accessed, 0.0)
     res.loops.append({"name": loop.name, "steps": loop.steps, "flops": f2, "bytes": b2})
+  if program.kernel is not None:   # Pallas kernels' work, which the cost analysis cannot see
+    res.flops += program.kernel.flops
+    res.bytes_accessed += program.kernel.bytes
+    if res.loops:
+      res.loops[0]["flops"] += program.kernel.flops
+      res.loops[0]["bytes"] += program.kernel.bytes
+    res.note += "; Pallas kernel counted from its DMAs"
   res.compile_s = time.perf_counter() - t
   return res

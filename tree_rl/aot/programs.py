@@ -37,6 +37,7 @@ from tree_rl.models import abstract_model, build_tokenizer
 from tree_rl.rollout import build as rollout_build, capacity
 from tree_rl.rollout.budget import planned_trajectories
 from tree_rl.rollout.engine import Layout, shard_width
+from tree_rl.sampling.paged_kernel import kernel_bytes
 
 KV_BYTES = {"bfloat16": 2, "float32": 4}
 
@@ -70,6 +71,9 @@ class Program:
   loops: list = dataclasses.field(default_factory=list)   # [Loop]
   per_step: bool = False            # `real` is one iteration of the first loop (decode: a token)
   note: str = ""
+  kernel: Work | None = None        # per chip: work inside Pallas kernels per iteration of the
+                                    # first loop (per call without one); XLA's cost analysis does
+                                    # not see it, so it is counted from the kernels' DMAs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,10 +259,17 @@ class StepPrograms:
                    calls, real,
                    note="prefix loop over cached pages: XLA counts one 128-token block")
 
-  def _decode(self, phase, rows, prompts, context, calls):
+  def window_kernel(self) -> str:
+    """The decode window path a run of this config takes on the topology's chips
+    (`sampling.window_kernel`)."""
+    return sampling.window_kernel(self.cache, self.config.sampler.attention)
+
+  def _decode(self, phase, rows, prompts, context, calls, kernel: str | None = None):
     """The decode turn over `rows` rows of `prompts` prompts whose contexts hold `context`
-    tokens (each prompt's full pages shared by its rows), at the window the engine plans."""
+    tokens (each prompt's full pages shared by its rows), at the window the engine plans.
+    kernel: the window path ("tpu": the Pallas kernel; "": gathered); default the config's."""
     mesh, shape, eng = self.rollout_mesh, self.shape, self.engine
+    kernel = self.window_kernel() if kernel is None else kernel
     ps, mp = shape.page_size, self.cache.spec.max_pages_per_seq
     shared_cap = int(self.config.sampler.max_shared_pages)
     cascade = self.config.sampler.attention != "reference"
@@ -274,7 +285,7 @@ class StepPrograms:
     statics = lambda seg: sampling.decode_statics(  # noqa: E731
         max_new=eng.max_new, top_k=eng.top_k, top_p=eng.top_p, shared_pages=shared,
         window_pages=window, turn_segments=seg, entropy_tokens=eng.entropy_tokens,
-        entropy_top=eng.entropy_top)
+        entropy_top=eng.entropy_top, window_kernel=kernel)
     per_chip = rows / shape.shards
     mid = context + eng.max_new // 2          # mean context over the turn's steps
     # each row reads its own context once, but a prompt's full pages once for all its rows
@@ -282,10 +293,19 @@ class StepPrograms:
     kv_read = self._kv(per_chip * (mid - prompt_tokens) + cand * ps)
     real = Work(flops=rows * self.work.forward(1, mid),
                 bytes=self.sampler_weight_bytes() + kv_read)
+    in_kernel = None
+    if kernel:   # the window's pages, each read once per step by one DMA (`paged_kernel`)
+      own = -(-context // ps) - (prompt_pages if shared >= cand and cascade else 0)
+      m = self.model_config
+      in_kernel = Work(flops=per_chip * 4.0 * m.num_layers * m.num_heads * m.head_dim * own * ps,
+                       bytes=per_chip * kernel_bytes(own, self._kv(ps) / (2 * m.num_layers),
+                                                     m.num_layers, m.num_heads, m.head_dim))
     lower = lambda seg: lambda: sampling.lowered("decode", self.cache, *args, **statics(seg))  # noqa: E731
+    path = "Pallas window kernel" if kernel else "gathered window"
     return Program(f"{phase}/decode[{rows} rows, {context} ctx]", phase, lower(1), calls, real,
                    loops=[Loop("decode steps", eng.max_new, lower(2), twin=True)], per_step=True,
-                   note=f"per step; shared {shared} / window {window} pages")
+                   kernel=in_kernel,
+                   note=f"per step; shared {shared} / window {window} pages; {path}")
 
   def _page_ops(self, rows, calls):
     mesh = self.rollout_mesh
@@ -308,6 +328,9 @@ class StepPrograms:
     out = [self._prefill("rollout", "rollout", s.prompts, s.prompt_tokens, 0, n)]
     out[0].name = f"rollout/prompt_prefill[{s.prompts}x{s.prompt_tokens}]"
     out.append(self._decode("rollout", rows, s.prompts, mid, n * s.turns))
+    if self.window_kernel():   # the gathered window beside it, for comparison (not in the step)
+      out.append(self._decode("rollout", rows, s.prompts, mid, 0, kernel=""))
+      out[-1].name += " (gathered, for comparison)"
     out.append(self._prefill("obs", "rollout", rows, s.obs_chunk, mid + s.max_new,
                              n * (s.turns - 1) * chunks))
     out[-1].name = f"rollout/obs_prefill[{rows}x{s.obs_chunk}]"

@@ -321,8 +321,11 @@ def _build(make, graphdef, spec: C.CacheSpec, mesh, data_axis: str, statics: tup
     rows = P(data_axis)
     arg_specs = tuple(P() if i in layout.replicated else rows for i in range(layout.num_args))
     out_specs = (state_spec if layout.state_out else None, rows if layout.rows_out else None)
+    # manual over the data axis and every axis of size 1 (a Pallas kernel inside must not be
+    # left to automatic partitioning); a tensor axis of size > 1 stays automatic
+    manual = frozenset(a for a in mesh.axis_names if a == data_axis or mesh.shape[a] == 1)
     fn = jax.shard_map(fn, mesh=mesh, in_specs=(P(), state_spec) + arg_specs, out_specs=out_specs,
-                       axis_names=frozenset({data_axis}), check_vma=False)
+                       axis_names=manual, check_vma=False)
   return jax.jit(fn, donate_argnums=(1,) if layout.state_out else ())
 
 

@@ -137,7 +137,10 @@ def window_attention(q: jax.Array, pool_k: jax.Array, pool_v: jax.Array, window:
   )(count.astype(jnp.int32), window.astype(jnp.int32), q, pool_k, pool_v)
 
 
-def kernel_bytes(count: int | float, page_bytes: int, layers: int, q_bytes: int) -> float:
-  """HBM bytes the kernel moves for one step of one row: its pages of K and V in every layer
-  (one DMA each, nothing else of the pool), its queries and its three outputs."""
-  return layers * (2 * count * page_bytes + q_bytes + 3 * q_bytes * 2)
+def kernel_bytes(pages: float, page_bytes: float, layers: int, heads: int, head_dim: int,
+                 q_itemsize: int = 2) -> float:
+  """HBM bytes the kernel moves for one decode step of one row: `pages` pages of K and of V
+  (`page_bytes` each) in every layer, one DMA per page and nothing else of the pool, the row's
+  queries, and its float32 outputs (the sum per head and dimension, the max and denominator)."""
+  return layers * (2 * pages * page_bytes + heads * head_dim * q_itemsize
+                   + 4 * heads * (head_dim + 2))
