@@ -60,13 +60,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.env = dict(
       name="frozenlake",        # a name in tree_rl.envs' registry
       preset="rllm",            # env preset (frozenlake: rllm | rllm_small | ragen; toolcall: default)
-      split="train",            # toolcall: question split episodes draw from (train | test)
       data_dir="",              # TFDS dir of prepared map sets / KB (tree_rl.data); "" = generate from data_seed
       data_seed=42,             # seed of the fixed FrozenLake map sets (rLLM: 42) and of the toolcall KB
-      kb_scale=1,               # toolcall: the generated KB's entity counts times this (1: 60 people, 30 cities,
-                                # 10 countries, 20 companies; about 570 questions, 100 held out)
-      top_k=3,                  # toolcall: facts returned per search
-      max_calls=4,              # toolcall: tool calls per episode (methods compare at equal budgets)
       scratch_dir="",           # codefix: where the sandbox's workspaces live ("" = a new temp dir per env)
                                 # (+ every registered env's own fields, e.g. frozenlake's goal_hint)
   )
@@ -285,8 +280,7 @@ def _add_env_fields(env) -> None:
 _INT_POS, _INT_NN, _UNIT, _NN, _POS = "int [1 _)", "int [0 _)", "num [0 1]", "num [0 _)", "num (0 _)"
 RANGES = {
     "seed": "int [0 2147483648)",
-    "env.data_seed": _INT_NN, "env.kb_scale": _INT_POS, "env.top_k": _INT_POS,
-    "env.max_calls": _INT_POS,
+    "env.data_seed": _INT_NN,
     "sampler.page_size": _INT_POS, "sampler.num_pages": _INT_NN, "sampler.max_shared_pages": _INT_NN,
     "sampler.obs_chunk": _INT_NN, "sampler.data_shards": _INT_NN,
     "rollout.prompts_per_step": _INT_POS, "rollout.prompts_per_rollout": _INT_NN, "rollout.max_tokens_per_turn": _INT_POS,

@@ -15,7 +15,6 @@ import os
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from tree_rl import envs
@@ -88,22 +87,6 @@ def preparing(directory: str):
       yield
     finally:
       fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def toolcall_tasks(config, tokenizer, directory) -> TaskSet:
-  from tree_rl.data import ToolcallQa, load_kb, scaled_config
-
-  builder_config = scaled_config(int(config.env.data_seed), int(config.env.kb_scale))
-  ToolcallQa(data_dir=directory, config=builder_config).download_and_prepare(
-      file_format="array_record")
-  kb = load_kb(directory, config=builder_config.name)
-  make = lambda split: envs.from_config(config, tokenizer, split=split, kb=kb)  # noqa: E731
-  train_env, test_env = make("train"), make("test")
-  states = lambda env, n: light_jit(jax.vmap(env.init_state))(jnp.arange(n, dtype=jnp.int32))
-  n_train, n_test = int(config.train.num_train_tasks), int(config.train.num_test_tasks)
-  return TaskSet(train_env, test_env,
-                 states(train_env, min(n_train or train_env.num_questions, train_env.num_questions)),
-                 states(test_env, min(n_test or test_env.num_questions, test_env.num_questions)))
 
 
 def codefix_tasks(config, tokenizer, directory) -> TaskSet:

@@ -60,9 +60,6 @@ def validate(config, *, engine=None, layout=None) -> None:
   _check(0 <= int(config.seed) < 2**31, f"config.seed must be in [0, 2**31), got {config.seed}")
   _check(-1 <= int(config.train.rl_seed) < 2**31, f"config.train.rl_seed must be -1 (config.seed) "
          f"or in [0, 2**31), got {config.train.rl_seed}")
-  _check(int(config.env.kb_scale) >= 1,
-         f"config.env.kb_scale must be >= 1 (the toolcall KB's entity counts times it), got "
-         f"{config.env.kb_scale}")
   r, t, s = config.rollout, config.train, config.sampler
   _check(int(r.prompts_per_step) >= 1,
          f"config.rollout.prompts_per_step must be >= 1, got {r.prompts_per_step}")
@@ -108,8 +105,6 @@ def validate(config, *, engine=None, layout=None) -> None:
            f"would be for a policy the samples did not come from); set it to {off}")
   errors = range_errors(config)
   _check(not errors, "; ".join(errors))
-  _check(config.env.split in ("train", "test"),
-         f"config.env.split={config.env.split!r}; known: ['test', 'train']")
   _check(config.warmstart.attention in LEARNER_ATTENTION,
          f"config.warmstart.attention={config.warmstart.attention!r}; known: {LEARNER_ATTENTION}")
   _check_shipped_policy(config)
@@ -174,9 +169,7 @@ def _check_shards(config) -> None:
 
 
 def _check_env(env) -> None:
-  """No other env's field set, then the env's registered checks of `config.env` (the first
-  problem found is raised)."""
-  entry = envs.entry(env.name)
-  problems = envs.foreign_fields(env) + (entry.part("checks")(env) if entry.checks else [])
+  """The registered envs' checks of their `config.env` fields (the first problem is raised)."""
+  problems = envs.problems(env)
   if problems:
     raise ConfigError(problems[0])

@@ -91,7 +91,7 @@ def test_the_toolcall_testbed_keeps_the_expert_demos_whole():
   from tree_rl.models.tokenizers import make_tokenizer
   from tree_rl.warmstart.demos import DemoGenerator
   from tree_rl.warmstart.experts import make_expert
-  from tree_rl.data import kb_of, scaled_config
+  from tree_rl.envs.toolcall.qa import kb_of, scaled_config
   c = toolcall.get_config("algo=grpo,testbed")
   w = c.warmstart
   tok = make_tokenizer()

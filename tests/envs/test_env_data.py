@@ -6,11 +6,11 @@ import jax
 import numpy as np
 import pytest
 
-from tree_rl.data import ToolcallQa, ToolcallQaConfig, load_kb, scaled_config
 from tree_rl.envs import frozenlake as fl
-from tree_rl.envs.frozenlake.maps import FrozenLakeMaps, FrozenLakeMapsConfig, load_frozenlake_maps
 from tree_rl.envs import toolcall as tc
-from tree_rl.envs.toolcall_kb import generate_kb
+from tree_rl.envs.frozenlake.maps import FrozenLakeMaps, FrozenLakeMapsConfig, load_frozenlake_maps
+from tree_rl.envs.toolcall.kb import generate_kb
+from tree_rl.envs.toolcall.qa import ToolcallQa, ToolcallQaConfig, load_kb, scaled_config
 
 
 def test_frozenlake_maps_build_and_read(tmp_path):

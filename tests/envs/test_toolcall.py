@@ -9,7 +9,7 @@ import pytest
 from tree_rl import envs
 from tree_rl.envs import text as tx
 from tree_rl.envs import toolcall as tc
-from tree_rl.envs import toolcall_reference as ref
+from tree_rl.envs.toolcall import reference as ref
 
 KEY = jax.random.key(0)
 

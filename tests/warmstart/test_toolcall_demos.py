@@ -7,7 +7,7 @@ import pytest
 
 from tree_rl import envs, warmstart
 from tree_rl.envs import toolcall as tc
-from tree_rl.envs import toolcall_reference as ref
+from tree_rl.envs.toolcall import reference as ref
 
 GEN_PROMPT = "<|im_start|>assistant\n"
 

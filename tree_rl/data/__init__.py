@@ -1,4 +1,3 @@
 """TFDS builders (array_record files, read with `tfds.data_source`; no TensorFlow needed)."""
 
-from tree_rl.data.toolcall_qa import ToolcallQa, ToolcallQaConfig, kb_of, load_kb, scaled_config
 from tree_rl.data.codefix import Codefix, CodefixConfig, CodefixTask, load_codefix

@@ -19,10 +19,8 @@ import importlib
 import pkgutil
 
 from tree_rl.envs.base import Environment, TokenEnv, repeat, restore, snapshot, take
-from tree_rl.envs.registry import (EnvEntry, all_fields, all_ranges, entry, foreign_fields,
-                                     from_config, make, register, registered)
-from tree_rl.envs.toolcall import ToolAction, ToolCallEnv, ToolCallParams, ToolCallState
-from tree_rl.envs.toolcall_kb import KnowledgeBase, Question, generate_kb
+from tree_rl.envs.registry import (EnvEntry, all_fields, all_ranges, entry, from_config, make,
+                                     problems, register, registered)
 from tree_rl.envs.external_tool import ExternalTool
 from tree_rl.envs.host import HostEnv, HostState, is_host_env
 
@@ -36,12 +34,6 @@ def _import_env_packages() -> None:
 
 _import_env_packages()
 
-register("toolcall", ToolCallEnv,
-         config_fields=("preset", "split", "data_dir", "data_seed", "top_k", "max_calls"),
-         tasks="tree_rl.tasks:toolcall_tasks",
-         heuristic="tree_rl.rollout.scorers:toolcall_progress",
-         judge="tree_rl.rollout.scorers:TOOLCALL_JUDGE",
-         expert="tree_rl.warmstart.toolcall_expert:ToolCallExpert")
 register("codefix", "tree_rl.envs.codefix:make_codefix", config_fields=("preset", "scratch_dir"),
          tasks="tree_rl.tasks:codefix_tasks",
          heuristic="tree_rl.rollout.scorers:codefix_progress",

@@ -10,7 +10,7 @@ What an entry holds (`EnvEntry`):
 - fields: the env's own `config.env` fields, name -> default (`tree_rl.config.base_config` adds
   them beside the shared name / preset / data_dir / data_seed, so they round-trip through a run's
   config.json); ranges: the numeric ones' ranges (`tree_rl.config.RANGES` notation). Two envs
-  may share a field with one default; a field of another env set away from its default is refused;
+  may share a field with one default;
 - factory(tokenizer=..., max_turns=..., max_reply_tokens=..., **fields) -> TokenEnv;
   `from_config` passes the `config.env` fields named in `config_fields`, the turn limit
   `config.rollout.max_turns` and the reply size `config.rollout.max_tokens_per_turn`;
@@ -20,8 +20,9 @@ What an entry holds (`EnvEntry`):
   text with `{stage}` / `{trajectory}` slots, the stage names, and a function of the env state
   giving the current stage);
 - expert(env, epsilon) -> `tree_rl.warmstart.Expert`: the warm start's demonstrator;
-- checks(config.env) -> list of problems (each a message naming the field), run by
-  `tree_rl.validation.validate` before anything is built.
+- checks(config.env) -> list of problems with the env's own fields (each a message naming the
+  field), run by `tree_rl.validation.validate` before anything is built. Every config holds every
+  env's fields, so every registered env's checks run, whichever env `config.env.name` selects.
 The factory and each part may be the object or a "module:attribute" path imported on first use (as gymnasium's
 entry points), so a built-in env registers its parts without importing them.
 """
@@ -129,14 +130,10 @@ def all_ranges() -> dict[str, str]:
   return {f: spec for name in _REGISTRY.ordered() for f, spec in entry(name).ranges.items()}
 
 
-def foreign_fields(env_config) -> list[str]:
-  """Fields of `config.env` that belong to other envs than `config.env.name` and are set away
-  from their default: one message each."""
-  own = entry(env_config.name).fields
-  return [f"config.env.{field} is an option of env {' / '.join(map(repr, owners))}; "
-          f"config.env.name={env_config.name!r}"
-          for field, (owners, default) in all_fields().items()
-          if field not in own and field in env_config and env_config[field] != default]
+def problems(env_config) -> list[str]:
+  """What every registered env's checks find wrong in `config.env` (one message each)."""
+  return [p for name in _REGISTRY.ordered() if entry(name).checks is not None
+          for p in entry(name).part("checks")(env_config)]
 
 
 def from_config(config, tokenizer=None, **kwargs) -> Any:

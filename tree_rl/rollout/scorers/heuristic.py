@@ -53,12 +53,6 @@ def make_heuristic(cfg, *, env=None, env_params=None, **_):
 # the built-in envs' heuristics (registered in tree_rl.envs)
 
 
-def toolcall_progress(env, env_params, state, root_state):
-  """Fraction of the facts the question needs that searches have shown; 1 once answered right."""
-  del env_params, root_state
-  return jnp.where(state.correct, 1.0, env.retrieval_progress(state).astype(jnp.float32))
-
-
 def codefix_progress(env, env_params, state, root_state):
   """1 once resolved, 0 after a failed submit; else 0.6 x the fraction of visible tests the
   branch's own workspace passes + 0.4 x its read -> edit -> test stage (of 3)."""

@@ -177,13 +177,6 @@ def make_judge(cfg, *, tokenizer=None, generate=None, env=None, env_params=None,
   return score
 
 
-def toolcall_stage(env, env_params, state, root_state):
-  """0 (search) while searches are left and nothing is answered, 1 (answer) after."""
-  del root_state
-  params = env.default_params if env_params is None else env_params
-  return (state.answered | (state.calls >= params.max_calls)).astype(jnp.int32)
-
-
 def codefix_stage(env, env_params, state, root_state):
   """0 (diagnose) until the first edit, 1 (edit) after it, 2 (verify) once the tests ran on it."""
   del env_params, root_state
@@ -194,12 +187,6 @@ def codefix_stage(env, env_params, state, root_state):
 JUDGE_ASK = (" Reply with one integer from 0 (hopeless) to 10 (certain to succeed).<|im_end|>\n"
              "<|im_start|>user\nStage: {stage}\nTrajectory so far:\n{trajectory}\n"
              "Score:<|im_end|>\n<|im_start|>assistant\n")
-TOOLCALL_JUDGE = JudgeTemplate(
-    text="<|im_start|>system\nYou judge an agent answering a multi-hop question with a search "
-         "tool. Its stages: search (it gathers the facts the question needs) and answer (no "
-         "searches left or an answer given: the answer must follow from the facts found)."
-         + JUDGE_ASK,
-    stages=("search", "answer"), stage=toolcall_stage)
 CODEFIX_JUDGE = JudgeTemplate(
     text="<|im_start|>system\nYou judge an agent repairing a bug in a small Python module with "
          "tools to read files, replace text, run the visible tests and submit. Its stages: "

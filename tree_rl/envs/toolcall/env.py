@@ -26,7 +26,7 @@ from flax import struct
 
 from tree_rl.envs import text as tx
 from tree_rl.envs.base import TokenEnv, pytree_hash
-from tree_rl.envs.toolcall_kb import KnowledgeBase, generate_kb
+from tree_rl.envs.toolcall.kb import KnowledgeBase, generate_kb
 
 KIND_INVALID, KIND_SEARCH, KIND_ANSWER = 0, 1, 2
 ST_START, ST_SEARCH, ST_INVALID, ST_NO_CALLS, ST_ANSWERED, ST_NO_RESULTS = range(6)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tree_rl.envs import toolcall as tc
+from tree_rl.envs.toolcall import env as tc
 
 
 class ToolCallExpert:

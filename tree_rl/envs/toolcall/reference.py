@@ -8,8 +8,8 @@ import re
 
 import numpy as np
 
-from tree_rl.envs.toolcall import (HEADS, KIND_ANSWER, KIND_INVALID, KIND_SEARCH, ST_SEARCH, TAIL,
-                                   ToolCallEnv, calls_text, host_words)
+from tree_rl.envs.toolcall.env import (HEADS, KIND_ANSWER, KIND_INVALID, KIND_SEARCH, ST_SEARCH,
+                                       TAIL, ToolCallEnv, calls_text, host_words)
 
 _BLOCK_RE = re.compile(rb"<(search|answer)>(.*?)</\1>", re.DOTALL)
 

@@ -13,7 +13,7 @@ import tensorflow_datasets as tfds
 
 from tree_rl.data.builder_utils import LocalBuilder
 
-from tree_rl.envs.toolcall_kb import KnowledgeBase, Question, generate_kb
+from tree_rl.envs.toolcall.kb import KnowledgeBase, Question, generate_kb
 
 
 @dataclasses.dataclass
