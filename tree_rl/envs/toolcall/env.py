@@ -86,7 +86,7 @@ class ToolCallState:
 class ToolCallEnv(TokenEnv):
   """`ToolCallEnv(tokenizer, split="train", kb=None, data_seed=42, top_k=3, tool=None, **options)`.
 
-  `kb` defaults to the one prepared in `data_dir` (TFDS, `tree_rl.data.ToolcallQa`) when given,
+  `kb` defaults to the one prepared in `data_dir` (TFDS, `qa.ToolcallQa`) when given,
   else `generate_kb(data_seed, **kb_options)`; options may name ToolCallParams fields,
   generate_kb arguments, or max_words / max_reply_tokens / max_reply_bytes / max_text_bytes.
   `tool`: an ExternalTool replacing BM25 retrieval over the KB.
@@ -114,7 +114,7 @@ class ToolCallEnv(TokenEnv):
     if top_k < 1:
       raise ValueError(f"toolcall top_k must be >= 1, got {top_k}")
     if kb is None and data_dir:
-      from tree_rl.data.toolcall_qa import load_kb
+      from tree_rl.envs.toolcall.qa import load_kb
       kb = load_kb(data_dir)
     self.kb = kb or generate_kb(data_seed, **{k: options[k] for k in self._KB_KEYS if k in options})
     self.questions = self.kb.split(split)
