@@ -1,6 +1,6 @@
 """Code repair in sandboxed workspaces (PATR's software-engineering task, at CPU size).
 
-Each episode is a tiny Python module with one injected bug (`tree_rl.data.codefix_gen`): the agent
+Each episode is a tiny Python module with one injected bug (`tree_rl.envs.codefix.gen`): the agent
 reads files, replaces text, runs the visible tests and submits; the reward is 1 when every hidden
 test passes (the resolve rate). The workspace is real state on the host: a tree branch forks it
 (`tree_rl.envs.codefix`, `tree_rl.envs.sandbox`).

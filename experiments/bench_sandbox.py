@@ -27,11 +27,11 @@ import time
 from absl import app, flags
 import numpy as np
 
-from tree_rl.data.codefix_gen import generate
-from tree_rl.envs.codefix import CodeFix
+from tree_rl.envs.codefix.env import CodeFix
+from tree_rl.envs.codefix.expert import intended_plan
+from tree_rl.envs.codefix.gen import generate
 from tree_rl.envs.sandbox import Limits, Sandbox
 from tree_rl.models.tokenizers import BuiltinTokenizer
-from tree_rl.warmstart.codefix_expert import intended_plan
 
 _FILES = flags.DEFINE_integer("files", 20, "files per workspace in the fork benchmark")
 _FORKS = flags.DEFINE_integer("forks", 200, "forks timed")

@@ -60,9 +60,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.env = dict(
       name="frozenlake",        # a name in tree_rl.envs' registry
       preset="rllm",            # env preset (frozenlake: rllm | rllm_small | ragen; toolcall: default)
-      data_dir="",              # TFDS dir of prepared map sets / KB (tree_rl.data); "" = generate from data_seed
+      data_dir="",              # TFDS dir of prepared task sets (map sets, KB, ...); "" = generate from data_seed
       data_seed=42,             # seed of the fixed FrozenLake map sets (rLLM: 42) and of the toolcall KB
-      scratch_dir="",           # codefix: where the sandbox's workspaces live ("" = a new temp dir per env)
                                 # (+ every registered env's own fields, e.g. frozenlake's goal_hint)
   )
   _add_env_fields(c.env)

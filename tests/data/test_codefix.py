@@ -10,10 +10,10 @@ import types
 import numpy as np
 import pytest
 
-from tree_rl.data import Codefix, CodefixConfig, load_codefix
-from tree_rl.data.codefix_gen import (BUG_KINDS, SOLUTION, TEMPLATES, VISIBLE, combinations,
+from tree_rl.envs.codefix.dataset import Codefix, CodefixConfig, load_codefix
+from tree_rl.envs.codefix.expert import SUBMIT, CodefixExpert, intended_plan
+from tree_rl.envs.codefix.gen import (BUG_KINDS, SOLUTION, TEMPLATES, VISIBLE, combinations,
                                       generate, task_key)
-from tree_rl.warmstart.codefix_expert import SUBMIT, CodefixExpert, intended_plan
 
 
 def run_tests(module: str, tests: str) -> dict[str, bool]:

@@ -6,11 +6,12 @@ import jax
 import numpy as np
 import pytest
 
-from tree_rl.data.codefix_gen import generate
-from tree_rl.envs.codefix import CodeFix, parse
+from tree_rl.envs.codefix.env import CodeFix, parse
+from tree_rl.envs.codefix.expert import CodefixExpert, intended_plan
+from tree_rl.envs.codefix.gen import generate
+from tree_rl.envs.codefix.heuristic import progress as codefix_progress
+from tree_rl.envs.codefix.judge import stage as codefix_stage
 from tree_rl.models.tokenizers import BuiltinTokenizer
-from tree_rl.rollout.scorers import codefix_progress, codefix_stage
-from tree_rl.warmstart.codefix_expert import CodefixExpert, intended_plan
 
 TOK = BuiltinTokenizer()
 TASKS = generate(seed=3, num_train=12, num_test=2)["train"]

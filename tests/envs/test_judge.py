@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from tree_rl.data.codefix_gen import generate
-from tree_rl.envs import judge, plain
+from tree_rl.envs import plain
+from tree_rl.envs.codefix import reward as judge
+from tree_rl.envs.codefix.gen import generate
 
 
 @pytest.mark.parametrize("value", [None, True, False, 0, -7, 10 ** 30, 1.5, -0.0, math.inf, "",

@@ -15,8 +15,8 @@ import uuid
 import numpy as np
 import pytest
 
-from tree_rl.data.codefix_gen import combinations, generate
-from tree_rl.envs.codefix import CodeFix
+from tree_rl.envs.codefix.env import CodeFix
+from tree_rl.envs.codefix.gen import combinations, generate
 from tree_rl.envs.sandbox import Limits
 from tree_rl.models.tokenizers import BuiltinTokenizer
 

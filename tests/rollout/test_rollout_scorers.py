@@ -330,7 +330,7 @@ def test_judge_fills_in_the_stage_of_each_trajectory():
   got = judge_prompts(tool, states)
   assert [p.split("Stage: ")[1].split("\n")[0] for p in got] == ["search", "search", "answer", "answer"]
   # codefix: the stage comes from the host env's info scalars (0-1 diagnose, 2 edit, 3 verify)
-  from tree_rl.envs.codefix import CodeFix
+  from tree_rl.envs.codefix.env import CodeFix
   code = CodeFix(TOK, [])
   st = code.initial_states(np.zeros(4, np.int32))
   st = st.replace(info=st.info.at[:, code.info_fields.index("stage")].set(jnp.arange(4.0)))

@@ -33,9 +33,3 @@ def _import_env_packages() -> None:
 
 
 _import_env_packages()
-
-register("codefix", "tree_rl.envs.codefix:make_codefix", config_fields=("preset", "scratch_dir"),
-         tasks="tree_rl.tasks:codefix_tasks",
-         heuristic="tree_rl.rollout.scorers:codefix_progress",
-         judge="tree_rl.rollout.scorers:CODEFIX_JUDGE",
-         expert="tree_rl.envs.codefix:codefix_expert")

@@ -19,7 +19,7 @@ first on `sys.path`) and calls its `test_*` functions in definition order, print
 `FAIL name: ExcType: message`. The root half prints the last line, `RESULT <passed> <total>`, from a
 report sent over a private pipe, so a test that prints its own RESULT line and exits scores 0/0;
 after a time-out or a crash a `sandbox: ...` line says why. `run_calls` (the codefix reward,
-`tree_rl.envs.judge`) uses the same runner in calls mode: the child imports a module and makes given
+`envs.codefix.reward`) uses the same runner in calls mode: the child imports a module and makes given
 calls, writing one JSON line of plain data per call and nothing else; the parent accepts exactly one
 line per call, in order, from a child that exited 0 by itself (the root half's exit status, which
 the child cannot forge), and voids the run otherwise. The child gets no expected value, no test
@@ -402,7 +402,7 @@ class Sandbox:
   def run_calls(self, handle: int, module: str, function: str,
                 calls: Sequence[tuple]) -> CallRun:
     """Import `module` from the workspace and call `function(*args)` for each argument tuple in a
-    sandboxed child that returns only plain data (see `tree_rl.envs.judge`)."""
+    sandboxed child that returns only plain data (see `envs.codefix.reward`)."""
     return self.run_calls_many([handle], module, function, [calls])[0]
 
   def run_calls_many(self, handles: Sequence[int], module: str | Sequence[str],

@@ -31,10 +31,9 @@ needs and ignores the rest.
 
 from tree_rl.rollout.scorers.base import (ScoreFn, ScoreInput, Scorer, WEIGHTS_FROM, build, get,
                                           names, per_state, place_rows, register, score_input)
-from tree_rl.rollout.scorers.heuristic import codefix_progress, make_heuristic, make_random
-from tree_rl.rollout.scorers.judge import (CODEFIX_JUDGE, JUDGE_ASK, JudgePrompt, JudgeTemplate,
-                                           codefix_stage, judge_inputs, judge_prompt, make_judge,
-                                           number_table, parse_score)
+from tree_rl.rollout.scorers.heuristic import make_heuristic, make_random
+from tree_rl.rollout.scorers.judge import (JUDGE_ASK, JudgePrompt, JudgeTemplate, judge_inputs,
+                                           judge_prompt, make_judge, number_table, parse_score)
 from tree_rl.rollout.scorers.prm import (AGGREGATIONS, PrmFormat, aggregate_steps, make_prm,
                                          prm_inputs, token_id)
 from tree_rl.rollout.scorers.resources import dense_lm, from_config, model_weights, sampler_generate

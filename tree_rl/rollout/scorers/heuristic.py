@@ -4,7 +4,6 @@ and the built-in envs' progress signals."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from tree_rl import envs
 from tree_rl.rollout.scorers.base import per_state, register
@@ -47,16 +46,3 @@ def make_heuristic(cfg, *, env=None, env_params=None, **_):
     return per_state(one, env, env_params, batch)
 
   return score
-
-
-# ---------------------------------------------------------------------------------------------
-# the built-in envs' heuristics (registered in tree_rl.envs)
-
-
-def codefix_progress(env, env_params, state, root_state):
-  """1 once resolved, 0 after a failed submit; else 0.6 x the fraction of visible tests the
-  branch's own workspace passes + 0.4 x its read -> edit -> test stage (of 3)."""
-  del env_params, root_state
-  stage = env.info(state, "stage") / 3.0
-  score = 0.6 * env.info(state, "visible_pass") + 0.4 * stage
-  return jnp.where(env.info(state, "resolved") > 0, 1.0, jnp.where(state.done, 0.0, score))

@@ -177,19 +177,7 @@ def make_judge(cfg, *, tokenizer=None, generate=None, env=None, env_params=None,
   return score
 
 
-def codefix_stage(env, env_params, state, root_state):
-  """0 (diagnose) until the first edit, 1 (edit) after it, 2 (verify) once the tests ran on it."""
-  del env_params, root_state
-  return jnp.clip(env.info(state, "stage").astype(jnp.int32) - 1, 0, 2)
-
-
 # the request that ends a stage-aware judge prompt, after the env's system text
 JUDGE_ASK = (" Reply with one integer from 0 (hopeless) to 10 (certain to succeed).<|im_end|>\n"
              "<|im_start|>user\nStage: {stage}\nTrajectory so far:\n{trajectory}\n"
              "Score:<|im_end|>\n<|im_start|>assistant\n")
-CODEFIX_JUDGE = JudgeTemplate(
-    text="<|im_start|>system\nYou judge an agent repairing a bug in a small Python module with "
-         "tools to read files, replace text, run the visible tests and submit. Its stages: "
-         "diagnose (it reads the code and the tests to find the bug), edit (it changed the code) "
-         "and verify (it ran the tests on its edit; the fix must make them pass)." + JUDGE_ASK,
-    stages=("diagnose", "edit", "verify"), stage=codefix_stage)

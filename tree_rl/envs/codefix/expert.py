@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tree_rl.data.codefix_gen import VISIBLE, CodefixTask
+from tree_rl.envs.codefix.gen import VISIBLE, CodefixTask
 
 SEPARATOR = " ||| "
 SUBMIT = "<submit/>"
@@ -69,3 +69,9 @@ class CodefixExpert:
         out.append((noise[int(rng.integers(len(noise)))], True))
       out.append((step, False))
     return out
+
+
+def for_env(env, epsilon: float) -> CodefixExpert:
+  """The registered warm-start expert (read, test, fix, test, submit; `epsilon` noise)."""
+  del env
+  return CodefixExpert(epsilon)

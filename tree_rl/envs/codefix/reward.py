@@ -5,7 +5,7 @@
     passed = score(cases, run)                       # resolved when passed == len(cases)
 
 A hidden test is `def test_k():` whose body is one `assert f(<literals>) == <literal>` (the form
-`tree_rl.data.codefix_gen` writes); anything else is refused here, so the count of tests is the
+`tree_rl.envs.codefix.gen` writes); anything else is refused here, so the count of tests is the
 task's own. Only the calls' arguments reach the sandboxed child, which returns each call's value
 as plain data (`tree_rl.envs.plain`); the expected values, the comparison and the count stay in
 this process, and a value is right only when `plain.same` holds (exact types, recursively).

@@ -1,4 +1,4 @@
-"""The code-repair tasks of `codefix_gen` as a TFDS dataset, so every run sees the same tasks.
+"""The code-repair tasks of `gen` as a TFDS dataset, so every run sees the same tasks.
 
     builder = Codefix(data_dir=d, config="default")            # 2,000 train / 100 test, seed 42
     builder.download_and_prepare(file_format="array_record")
@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from tree_rl.data.builder_utils import LocalBuilder
-from tree_rl.data.codefix_gen import CodefixTask, generate
+from tree_rl.envs.codefix.gen import CodefixTask, generate
 
 _TEXT_FIELDS = ("name", "bug", "path", "buggy", "fixed", "visible_tests", "hidden_tests")
 

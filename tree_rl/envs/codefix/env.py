@@ -1,6 +1,6 @@
 """Code repair in a real workspace: read files, edit, run the visible tests, submit (a host env).
 
-Each episode is a `tree_rl.data.codefix_gen.CodefixTask`: a tiny Python module with one injected
+Each episode is a `gen.CodefixTask`: a tiny Python module with one injected
 bug, its visible tests in the workspace and hidden tests kept outside it. The workspace is a
 directory of a `tree_rl.envs.sandbox.Sandbox`; a branch of a rollout tree forks it (a hard-link
 tree), so two branches never see each other's edits. One action per reply, the first found:
@@ -10,7 +10,7 @@ tree), so two branches never see each other's edits. One action per reply, the f
     <test/>                                 the visible tests' results
     <submit/>                               ends the episode: reward 1 when every hidden test passes
 
-The reward is judged outside the agent's process (`tree_rl.envs.judge`): a sandboxed child only
+The reward is judged outside the agent's process (`reward`): a sandboxed child only
 makes the hidden tests' calls and returns their values as plain data; the expected values, the
 exact comparison and the count (the task's own number of hidden tests) stay in this process.
 `<test/>` runs the visible test file with the friendlier test runner; it never feeds the reward.
@@ -36,7 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tree_rl.envs import judge
+from tree_rl.envs.codefix import reward as verdict
 from tree_rl.envs.host import HostEnv
 from tree_rl.envs.sandbox import Limits, Sandbox, SandboxError
 
@@ -84,7 +84,7 @@ class CodeFix(HostEnv):
     self.prompt_capacity, self.obs_capacity = int(prompt_capacity), int(obs_capacity)
     self._sandbox, self._sandbox_args = sandbox, (scratch_dir or None, limits, workers)
     self.episodes: dict[int, _Episode] = {}
-    self._cases: dict[int, judge.Cases] = {}   # task id -> its hidden tests, parsed once
+    self._cases: dict[int, verdict.Cases] = {}   # task id -> its hidden tests, parsed once
     # (task, file digest) -> visible pass fraction, for the last VISIBLE_CACHE contents measured
     self._visible: collections.OrderedDict[tuple[int, str], float] = collections.OrderedDict()
 
@@ -191,11 +191,11 @@ class CodeFix(HostEnv):
     ep = self.episodes[h]
     return int(hashlib.sha1(f"{ep.task}:{ep.stage}:{self._digest(h)}".encode()).hexdigest()[:7], 16)
 
-  def hidden_cases(self, task: int) -> judge.Cases:
+  def hidden_cases(self, task: int) -> verdict.Cases:
     """A task's hidden tests as calls and expected values (parsed once; ValueError if malformed)."""
     if task not in self._cases:
       try:
-        self._cases[task] = judge.hidden_cases(self.tasks[task].hidden_tests)
+        self._cases[task] = verdict.hidden_cases(self.tasks[task].hidden_tests)
       except (ValueError, SyntaxError) as e:
         raise ValueError(f"codefix task {task}: {e}") from None
     return self._cases[task]
@@ -219,7 +219,7 @@ class CodeFix(HostEnv):
         [c.function for _, c in submits], [c.calls for _, c in submits])
     for (i, cases), run in zip(submits, judged):
       ep = self.episodes[handles[i]]
-      passed = judge.score(cases, run.outcomes)
+      passed = verdict.score(cases, run.outcomes)
       ep.hidden, ep.done = passed / len(cases), True
       reward[i] = float(passed == len(cases))
       obs[i] = f"submitted: {passed}/{len(cases)} hidden tests pass"
@@ -248,10 +248,3 @@ def make_codefix(tokenizer=None, *, max_turns: int, max_reply_tokens: int, tasks
     raise ValueError(f"config.env.preset={preset!r} for codefix; known: {sorted(PRESETS)}")
   return CodeFix(tokenizer, tasks, max_turns=max_turns, max_reply_tokens=max_reply_tokens,
                  scratch_dir=scratch_dir, **(PRESETS[preset] | kwargs))
-
-
-def codefix_expert(env: CodeFix, epsilon: float):
-  """The registered warm-start expert (read, test, fix, test, submit; `epsilon` noise)."""
-  del env
-  from tree_rl.warmstart.codefix_expert import CodefixExpert
-  return CodefixExpert(epsilon)
