@@ -207,6 +207,9 @@ def test_decode_with_the_pallas_window_kernel_compiles_for_v5e(tpu_devices):
     page = ps * m.num_kv_heads * m.head_dim * 2            # one layer's K page, bf16
     assert decs[0].kernel.bytes > (sp.shape.live_rows() / sp.shape.shards) * m.num_layers * 2 * page
     assert kernel.loops[0]["bytes"] >= decs[0].kernel.bytes
+    line = step.summary([kernel, gathered], V5E, "tiny", {}, 1.0)   # the comparison is not the step
+    assert line["hbm_peak_gib"] == round(step.in_step_peak(kernel, {}) / 2**30, 3)
+    assert line["decode_bytes_ratio"] == kernel.ratios(V5E.num_chips)[1]
   finally:
     sp.close()
 

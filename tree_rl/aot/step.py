@@ -27,11 +27,13 @@ def in_step_peak(result: Result, resident: dict) -> float:
 def summary(results: list[Result], topo: Topology, model: str, resident: dict,
             rollout_tokens: float) -> dict:
   """The final line: fits, peak GiB per chip, the learner's FLOPs ratio, the decode's bytes
-  ratio and the estimated step time (roofline: an estimate, not a measurement)."""
-  ok = [r for r in results if not r.error]
+  ratio and the estimated step time (roofline: an estimate, not a measurement). Programs the
+  step does not call (calls 0: a path printed for comparison) are left out."""
+  step = [r for r in results if r.calls > 0]
+  ok = [r for r in step if not r.error]
   peaks = [in_step_peak(r, resident) for r in ok]
   peak = max(peaks) if peaks else sum(resident.values())
-  refused = [r.name for r in results if r.error]
+  refused = [r.name for r in step if r.error]
   chips = topo.num_chips
 
   def ratio(phase_prefix, which, name_part):
