@@ -35,7 +35,7 @@ def _check_shipped_policy(config) -> None:
   from tree_rl.warmstart import shipped
   made_for = shipped.read_manifest(w.policy)["settings"]
   ours = shipped.bound_settings(config)
-  differ = [f"config.{k}={ours[k]!r} (policy: {made_for.get(k)!r})" for k in shipped.BOUND
+  differ = [f"config.{k}={ours[k]!r} (policy: {made_for.get(k)!r})" for k in ours
             if made_for.get(k) != ours[k]]
   _check(not differ, f"config.warmstart.policy={w.policy!r} was made for another setting: "
          f"{', '.join(differ)}; set --config.warmstart.from_scratch=true to run the SFT instead")

@@ -45,11 +45,13 @@ def test_registered_ranges_and_checks_run_in_validate(probe):
     validate(c)
 
 
-def test_a_shared_field_has_one_default_and_ranges_name_fields(probe):
+def test_a_shared_field_has_one_default_and_ranges_and_policy_fields_name_fields(probe):
   with pytest.raises(ValueError, match="a shared field has one default"):
     envs.register("lake_probe_2", FrozenLake, fields=dict(probe_holes=4))
   with pytest.raises(ValueError, match=r"ranges of \['holes'\]"):
     envs.register("lake_probe_2", FrozenLake, ranges=dict(holes="int [0 _)"))
+  with pytest.raises(ValueError, match=r"policy_fields of \['holes'\]"):
+    envs.register("lake_probe_2", FrozenLake, policy_fields=("holes",))
   assert "lake_probe_2" not in envs.registered()
   with pytest.raises(ValueError, match="already config.env.preset"):
     envs.register("lake_probe_2", FrozenLake, fields=dict(preset="x"))

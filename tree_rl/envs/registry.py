@@ -10,7 +10,8 @@ What an entry holds (`EnvEntry`):
 - fields: the env's own `config.env` fields, name -> default (`tree_rl.config.base_config` adds
   them beside the shared name / preset / data_dir / data_seed, so they round-trip through a run's
   config.json); ranges: the numeric ones' ranges (`tree_rl.config.RANGES` notation). Two envs
-  may share a field with one default;
+  may share a field with one default; policy_fields: those of its fields (besides preset) that
+  change what a policy sees, so a shipped warm-start policy is bound to their values;
 - factory(tokenizer=..., max_turns=..., max_reply_tokens=..., **fields) -> TokenEnv;
   `from_config` passes the `config.env` fields named in `config_fields`, the turn limit
   `config.rollout.max_turns` and the reply size `config.rollout.max_tokens_per_turn`;
@@ -47,6 +48,7 @@ class EnvEntry:
   config_fields: tuple[str, ...] = ("preset",)
   fields: dict[str, Any] = dataclasses.field(default_factory=dict)
   ranges: dict[str, str] = dataclasses.field(default_factory=dict)
+  policy_fields: tuple[str, ...] = ()
   tasks: Callable | str | None = None
   heuristic: Callable | str | None = None
   expert: Callable | str | None = None
@@ -79,19 +81,21 @@ _REGISTRY = Registry("env", "config.env.name")
 
 def register(name: str, factory: Callable | str, *, config_fields: tuple[str, ...] = ("preset",),
              fields: dict[str, Any] | None = None, ranges: dict[str, str] | None = None,
+             policy_fields: tuple[str, ...] = (),
              tasks: Callable | str | None = None, heuristic: Callable | str | None = None,
              expert: Callable | str | None = None, judge: Any = None,
              checks: Callable | str | None = None, overwrite: bool = False) -> Callable:
   """Register the environment `name` with everything tree_rl needs of it (see the module
   docstring); returns the factory."""
   fields, ranges = dict(fields or {}), dict(ranges or {})
-  entry = EnvEntry(name, factory, tuple(config_fields), fields, ranges, tasks, heuristic, expert,
-                   judge, checks)
+  entry = EnvEntry(name, factory, tuple(config_fields), fields, ranges, tuple(policy_fields), tasks,
+                   heuristic, expert, judge, checks)
   if name in _REGISTRY and not overwrite and _REGISTRY.get(name) != entry:
     raise ValueError(f"env {name!r} is already registered; pass overwrite=True to replace it")
-  unknown = sorted(set(ranges) - set(fields))
-  if unknown:
-    raise ValueError(f"env {name!r} declares ranges of {unknown}, which are not among its fields")
+  for what, names in (("ranges", ranges), ("policy_fields", policy_fields)):
+    unknown = sorted(set(names) - set(fields))
+    if unknown:
+      raise ValueError(f"env {name!r} declares {what} of {unknown}, which are not among its fields")
   for field, (owners, default) in all_fields(skip=name).items():
     if field in fields and fields[field] != default:
       raise ValueError(f"env {name!r}: config.env.{field} defaults to {fields[field]!r}, but env "

@@ -5,8 +5,8 @@ sensitive to its floats).
 A policy is a directory `tree_rl/warmstart/policies/<name>/`: a Hugging Face checkpoint
 (config.json + model.safetensors, read by `models.hf_io`, never unpickled) and manifest.json:
 the weights file's sha256, the tokenizer fingerprint, the settings the policy was trained for
-(model preset, env name / preset / observation options), its held-out numbers and the command
-that regenerates it. `load` checks all of them and refuses a mismatch with one line.
+(model preset, env name / preset / the env's `policy_fields`), its held-out numbers and the
+command that regenerates it. `load` checks all of them and refuses a mismatch with one line.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from typing import Any
 import jax
 from flax import nnx
 
+from tree_rl import envs
 from tree_rl.models.hf_io import CheckpointError, load_hf_checkpoint, save_hf_checkpoint
 
 POLICIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "policies")
 WEIGHTS, MANIFEST = "model.safetensors", "manifest.json"
-# The config fields a policy is bound to: another value would run it on observations or a
-# model it was not trained for.
-BOUND = ("model.preset", "model.param_dtype", "env.name", "env.preset", "env.goal_hint",
-         "env.local_view")
+# The config fields every policy is bound to (and its env's `policy_fields`): another value
+# would run it on observations or a model it was not trained for.
+BOUND = ("model.preset", "model.param_dtype", "env.name", "env.preset")
 
 
 class ShippedPolicyError(CheckpointError):
@@ -52,10 +52,15 @@ def sha256_file(path: str) -> str:
   return h.hexdigest()
 
 
+def bound_fields(config) -> tuple[str, ...]:
+  """`BOUND` and the `policy_fields` of the env `config.env.name` registers, as `env.<field>`."""
+  return BOUND + tuple(f"env.{f}" for f in envs.entry(config.env.name).policy_fields)
+
+
 def bound_settings(config) -> dict[str, Any]:
-  """{field: value} of the `BOUND` fields of `config`."""
+  """{field: value} of the bound fields of `config`."""
   out = {}
-  for key in BOUND:
+  for key in bound_fields(config):
     section, field = key.split(".")
     out[key] = config[section][field]
   return out
@@ -96,7 +101,7 @@ def load(name: str, config, tokenizer, model: nnx.Module) -> tuple[dict, dict[st
         f"this run's is {tokenizer.fingerprint()}: its token ids would mean other tokens; {redo}")
   ours = bound_settings(config)
   differ = [f"config.{k}={ours[k]!r} (policy: {manifest['settings'].get(k)!r})"
-            for k in BOUND if manifest["settings"].get(k) != ours[k]]
+            for k in ours if manifest["settings"].get(k) != ours[k]]
   if differ:
     raise ShippedPolicyError(f"shipped warm-start policy {name!r} was trained for another setting: "
                              f"{', '.join(differ)}; set config.warmstart.policy='' or "

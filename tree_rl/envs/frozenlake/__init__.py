@@ -23,6 +23,7 @@ register("frozenlake", FrozenLake,
              eval_maps="",      # a JSON file of maps to evaluate on instead of the held-out split
                                 # ([{"rows": ["SFFH", ...]}, ...] in gymnasium letters; json_maps)
          ),
+         policy_fields=("goal_hint", "local_view"),
          config_fields=("preset", "goal_hint", "local_view"),
          tasks="tree_rl.envs.frozenlake.tasks:task_set",
          heuristic="tree_rl.envs.frozenlake.heuristic:progress",
