@@ -10,7 +10,8 @@ from tree_rl.sampling import StopReason as R
 from sampling_helpers import check_greedy, check_invariants, dense_logprobs
 from sampling_harness import MAX_NEW, Driver
 
-ATTN = ["reference", "cascade", "pallas"]   # pallas: the window kernel in interpret mode
+ATTN = ["reference", "cascade"]
+WITH_KERNEL = ATTN + ["pallas"]   # pallas: the window kernel in interpret mode (slow on CPU)
 
 
 def check_all(model, result, logprob_atol=2e-4):
@@ -53,7 +54,7 @@ def test_batch_of_different_lengths(model, attention):
   check_invariants(d.cache)
 
 
-@pytest.mark.parametrize("attention", ATTN)
+@pytest.mark.parametrize("attention", WITH_KERNEL)
 def test_forks_mid_page_and_mid_turn_then_decoded_apart(model, attention):
   d = Driver(model, attention=attention)
   d.prefill({0: [9, 8, 7, 6, 5, 4]})                   # 5 tokens stored: mid-page (page 4)
