@@ -137,6 +137,14 @@ def validate(config, *, engine=None, layout=None) -> None:
            f"over {shards} shard(s)) x {layout.slots} live branches of up to "
            f"{engine.max_context()} tokens need up to {need} pages of {page} tokens "
            f"(config.sampler.page_size) per shard; raise config.sampler.num_pages to >= {need}")
+  chunk = int(config.scorer.prm_chunk_rows)
+  if layout is not None and chunk and config.scorer.name == "prm":
+    from tree_rl.rollout.capacity import rollout_shards
+    per_shard = layout.num_prompts // rollout_shards(config) * layout.slots
+    _check(per_shard <= chunk or per_shard % chunk == 0,
+           f"config.scorer.prm_chunk_rows={chunk} must divide the PRM's rows per data shard "
+           f"({per_shard}: {layout.num_prompts // rollout_shards(config)} prompts x "
+           f"{layout.slots} branch slots)")
 
 
 def _check_shards(config) -> None:

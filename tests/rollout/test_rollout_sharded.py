@@ -162,3 +162,19 @@ def test_validation_refuses_shards_that_do_not_split_the_prompts():
   with pytest.raises(ConfigError, match=r"data_shards=16 x tensor 1 needs 16 devices; this "
                                         r"process has 8"):
     validate(c)
+
+
+def test_validation_refuses_prm_passes_that_do_not_split_a_shards_rows():
+  """PATR's smoke layout: 2 prompts on 2 shards x 4 slots = 4 PRM rows per shard."""
+  from configs import frozenlake
+  from tree_rl.rollout.engine import Layout
+  from tree_rl.validation import ConfigError, validate
+  c = frozenlake.get_config("algo=patr,smoke")
+  c.scorer.name, c.sampler.data_shards = "prm", 2
+  for ok in (0, 1, 2, 4, 8):
+    c.scorer.prm_chunk_rows = ok
+    validate(c, layout=Layout(2, 16, 4, 2))
+  c.scorer.prm_chunk_rows = 3
+  with pytest.raises(ConfigError, match=r"prm_chunk_rows=3 must divide the PRM's rows per data "
+                                        r"shard \(4: 1 prompts x 4 branch slots\)"):
+    validate(c, layout=Layout(2, 16, 4, 2))
