@@ -32,6 +32,15 @@ def _program(cache, attention, temperature):
   return cache, outs
 
 
+def _assert_same(ref, got):
+  """Floats to tolerance, integers exactly."""
+  for a, b in zip(ref, got):
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype.kind == "f":
+      np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-4)
+    else:
+      np.testing.assert_array_equal(a, b)
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_sharded_decode_equals_single_device(model, temperature):
   assert len(jax.devices()) == 8
@@ -45,12 +54,7 @@ def test_sharded_decode_equals_single_device(model, temperature):
   single, ref = _program(single, "reference", temperature)
   sharded, got = _program(sharded, "cascade", temperature)
   assert len(got[2].sharding.device_set) == 8
-  for a, b in zip(ref, got):
-    a, b = np.asarray(a), np.asarray(b)
-    if a.dtype.kind == "f":
-      np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-4)
-    else:
-      np.testing.assert_array_equal(a, b)
+  _assert_same(ref, got)
   for shard in range(4):
     check_invariants(sharded, shard)
   np.testing.assert_array_equal(np.asarray(sampling.pages_in_use(sharded)).sum(),
@@ -68,12 +72,7 @@ def test_pallas_window_kernel_sharded_over_data_equals_single_device(model):
   assert sampling.window_kernel(sharded, "auto") == ""          # not a TPU: the gathered window
   _, ref = _program(single, "cascade", 1.0)
   _, got = _program(sharded, "pallas", 1.0)
-  for a, b in zip(ref, got):
-    a, b = np.asarray(a), np.asarray(b)
-    if a.dtype.kind == "f":
-      np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-4)
-    else:
-      np.testing.assert_array_equal(a, b)
+  _assert_same(ref, got)
   split = sampling.init_cache(model, max_seqs=ROWS // 4, num_pages=16, **common,
                               mesh=Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "tensor")))
   with pytest.raises(ValueError, match="tensor"):

@@ -522,7 +522,7 @@ def decode(cache: Cache, slots, key, *, max_new: int, max_tokens=None, budget=No
       return np.full((b,), max_new if x is None else x, np.int32)
     return _rows(x, jnp.int32, name)
 
-  kernel = window_kernel(cache, attention) if attention != "reference" else ""
+  kernel = window_kernel(cache, attention)
   statics = tuple(decode_statics(max_new=max_new, top_k=top_k, top_p=top_p,
                                  shared_pages=shared_pages, window_pages=window_pages,
                                  turn_segments=turn_segments,
