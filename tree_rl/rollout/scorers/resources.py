@@ -48,13 +48,15 @@ def sampler_generate(model, *, max_seqs: int, max_len: int, max_new: int, stop_i
       max_pages_per_seq=pages_per_seq, mesh=mesh, abstract=abstract)
   box = [cache if abstract else sampling.unbind(cache)]
   stops = tuple(stop_ids)
+  # rows in data-shard order, each shard's rows on its own slots 0, 1, ...
+  slots_of = lambda b: np.tile(np.arange(b // shards, dtype=np.int32), shards)  # noqa: E731
 
   def generate(weights, tokens, lengths, key):
     b = tokens.shape[0]
     if b > max_seqs or b % shards:
       raise ValueError(f"judge batch {b} does not fit the judge cache's {max_seqs} sequences "
                        f"over {shards} data shards")
-    slots = jnp.tile(jnp.arange(b // shards, dtype=jnp.int32), shards)   # each shard's own
+    slots = slots_of(b)
     valid = lengths > 0
     cache = sampling.rebind(box[0], weights)
     cache, _ = sampling.prefill(cache, slots, tokens, jnp.maximum(lengths, 1), valid,
@@ -66,7 +68,7 @@ def sampler_generate(model, *, max_seqs: int, max_len: int, max_new: int, stop_i
 
   generate.host = True  # calls the sampler's host API: not jittable as a whole
   generate.cache = lambda: box[0]   # the (unbound) cache it generates with
-  generate.slots = lambda b: np.tile(np.arange(b // shards, dtype=np.int32), shards)
+  generate.slots = slots_of
   return generate
 
 
