@@ -30,7 +30,7 @@ def apply_algo(c, algo: str):
     c.train.ppo_epochs = 1
 
 
-# The papers' RL setting for a pretrained policy (PATR's FrozenLake table, REFERENCE section 2:
+# The papers' RL setting for a pretrained policy (the PATR paper's FrozenLake setting:
 # Qwen2.5-0.5B, lr 1e-6, clip 0.28, KL 0.001, temperature 1, batch 64, 400 steps).
 PAPER_RL = {
     "learner.learning_rate": 1e-6, "learner.clip_low": 0.28, "learner.clip_high": 0.28,
@@ -38,7 +38,7 @@ PAPER_RL = {
     "train.num_steps": 400,
 }
 # From-scratch tiny / small policies on a CPU: lr 1e-3 is what the FrozenLake RL runs measured
-# (docs/benchmarks.md, "RL loop"; 1e-6 does not move a 0.45M-parameter policy).
+# (docs/measurements.md, "RL loop"; 1e-6 does not move a 0.45M-parameter policy).
 FROM_SCRATCH_RL = {"learner.learning_rate": 1e-3}
 # Tokens per agent turn for a pretrained agent's thought + action (the tiny policies reply with a
 # word or two, and their configs set less).

@@ -40,7 +40,7 @@ _TABULATE = flags.DEFINE_list("tabulate", [], "Only print the table and summary 
 SETTINGS = {"native": "", "sse4": "--xla_cpu_max_isa=SSE4_2"}
 METRICS = (("greedy", "eval/greedy_success"), ("sampled", "eval/sampled_success"),
            ("pass@2", "eval/pass_at_2"))
-# The goal (issue 50): sampled +0.05 or more, greedy at most 0.01 lower, pass@2 not lower.
+# The goal: sampled +0.05 or more, greedy at most 0.01 lower, pass@2 not lower.
 GOAL = {"sampled": 0.05, "greedy": -0.01, "pass@2": 0.0}
 TOL = 1e-9   # the metrics are fractions of 100 or 200 episodes: compare beside rounding
 

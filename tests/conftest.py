@@ -1,6 +1,6 @@
 """Test set-up: 8 host CPU devices for the sharding tests, float32 matmuls everywhere, and one
-persistent compilation cache per test session (shared by the xdist workers and the subprocesses
-they start; a new session starts cold)."""
+persistent compilation cache per pytest run (shared by the xdist workers and the subprocesses
+they start; a new run starts cold)."""
 
 import gc
 import os

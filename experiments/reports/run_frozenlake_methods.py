@@ -8,10 +8,10 @@ The methods of one seed (over every `--sweep` given) start from the same warm-st
 the warm start depends on the seed and `config.warmstart` only, so the first method's run
 computes it (runs keep their step-0 checkpoint) and the others resume from a copy of it (and of
 its step-0 eval row), which continues exactly as a run from scratch would (resume is bitwise
-exact); a run directory of an earlier sitting that still holds its warm start gives it too,
+exact); a run directory of an earlier invocation that still holds its warm start gives it too,
 and a run that saved no checkpoint yet gets it. Runs that reached the `train.num_steps` their config
 and the `--config.` arguments after `--` plan (by their workdir or their summary in `--summaries`)
-are skipped, so a reproduction longer than one session continues in the next; raising
+are skipped, so a stopped reproduction continues where it stopped when run again; raising
 `train.num_steps` resumes a finished run from its last checkpoint where its workdir is kept (a
 run known only by its summary is rerun from the seed's warm start). Only the step count is
 compared: other changes resume a finished run under the new config. Seeds run in
@@ -64,7 +64,7 @@ def _seed_share(src: str, dst: str):
 
 def _done(run, root: str, extra: list[str], summaries_dir: str) -> bool:
   """Whether `run` ran the `train.num_steps` its config and `extra` plan now, by its workdir or
-  by its summary in `summaries_dir` (an earlier session's)."""
+  by its summary in `summaries_dir` (written by an earlier invocation)."""
   num_steps = int(build.build(run, root, extra).train.num_steps)
   return summaries.finished(run.workdir(root), num_steps) or bool(
       summaries_dir and summaries.summary_steps(
@@ -74,9 +74,9 @@ def _done(run, root: str, extra: list[str], summaries_dir: str) -> bool:
 def run_seed(runs: list, root: str, extra: list[str], summaries_dir: str = "",
              others: list = ()):
   """Train one seed's runs in order, skipping those that ran their planned steps (`_done`, so
-  a reproduction spreads over sessions); the first of them or of `others` (the seed's runs not
-  picked) whose workdir holds a warm start (step 0), or else the first one trained, gives it to
-  the rest."""
+  a reproduction spreads over several invocations); the first of them or of `others` (the
+  seed's runs not picked) whose workdir holds a warm start (step 0), or else the first one
+  trained, gives it to the rest."""
   source = next((run.workdir(root) for run in [*runs, *others]
                  if _has_warm_start(run.workdir(root))), None)
   for run in runs:
@@ -100,7 +100,7 @@ def main(argv=None):
                   "frozenlake_methods); runs of one seed share one warm start across them")
   ap.add_argument("--seeds", type=int, nargs="*", help="only these seeds (default: each sweep's)")
   ap.add_argument("--entries", nargs="*", help="only these entries of the sweeps (default: all), "
-                  "e.g. the cheaper arms first when a sitting is short")
+                  "e.g. the cheaper arms first when time is short")
   ap.add_argument("--root", default="runs/sweeps")
   ap.add_argument("--parallel", type=int, default=1, help="seeds run at once")
   ap.add_argument("--summaries", default="experiments/reports/frozenlake_runs",

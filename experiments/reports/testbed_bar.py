@@ -4,7 +4,7 @@
     python -m experiments.reports.testbed_bar --summaries experiments/reports/frozenlake_runs --method grpo \
         --rules experiments/reports/frozenlake_runs/rules.jsonl
 
-The bar (issue #20), per run, on the held-out maps:
+The bar, per run, on the held-out maps:
 - the warm start (the step-0 evaluation) reads the state: its greedy success beats the hint rule
   overall, and it is imperfect (below 1);
 - chain GRPO raises sampled success by at least `--min_gain` (0.10) over the warm start. The

@@ -4,14 +4,14 @@
 `frozenlake_methods`: every compared algorithm (`tree_rl.algorithms.compared()`, in the reports'
 order) on the default FrozenLake config, three seeds each.
 
-`frozenlake_reproduction` (#20, on the `testbed` config, 5 seeds): chain GRPO (group 8),
+`frozenlake_reproduction` (on the `testbed` config, 5 seeds): chain GRPO (group 8),
 Tree-GRPO, Tree-Random and PATR at an equal planned budget of 8 trajectories per prompt, and
 `tree_grpo_quarter` at 2 (a quarter). `frozenlake_ablations` (3 seeds): Tree-GRPO intra-only and
 inter-only advantages (`tree_grpo` of the reproduction is "both"), PATR's group without the
 pruned branches and Best_n (`patr` of the reproduction keeps them, the paper's default). Seeds
 0-2 of the two sweeps share their warm starts.
 
-`toolcall_reproduction` (#20 item 4, on the tool-call `testbed` config, 5 seeds): chain GRPO
+`toolcall_reproduction` (on the tool-call `testbed` config, 5 seeds): chain GRPO
 (group 8), Tree-GRPO at the same planned budget and `tree_grpo_quarter` at a quarter; the
 intra/inter ablation stays with FrozenLake.
 

@@ -79,7 +79,7 @@ def executed(tmp_path_factory):
   out_dir = str(tmp_path_factory.mktemp("notebook_out"))
   env = dict(os.environ, TREE_RL_DATA_DIR=str(tmp_path_factory.mktemp("tfds")),
              TREE_RL_OUT_DIR=out_dir, TREE_RL_NUM_STEPS=str(NUM_STEPS), JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)  # one host device, as a plain notebook session has
+  env.pop("XLA_FLAGS", None)  # one host device, as a plain notebook kernel has
   nb = _notebook()
   # The kernelspec's "python" resolves to this interpreter (sys.executable) in jupyter_client.
   client = NotebookClient(nb, kernel_name="python3", timeout=1200,

@@ -1,5 +1,5 @@
 """The report runner's schedule: one warm start per seed across sweeps, runs that reached their
-planned steps skipped (a reproduction spread over sessions), the others resumed from the first
+planned steps skipped (a reproduction spread over several invocations), the others resumed from the first
 trained run's step-0 checkpoint and eval row."""
 
 import json
@@ -48,7 +48,7 @@ def test_one_warm_start_per_seed_and_summarized_runs_skipped(tmp_path, monkeypat
   summaries = tmp_path / "summaries"
   summaries.mkdir()
   root = str(tmp_path / "runs")
-  steps = _planned(main.run("a", 0), root)   # a finished in an earlier session:
+  steps = _planned(main.run("a", 0), root)   # a finished in an earlier invocation:
   (summaries / "a_seed0.json").write_text(json.dumps({"steps": steps}))
   trained = []
   monkeypatch.setattr(runner, "_train", _fake_train(trained))
@@ -80,7 +80,7 @@ def test_a_run_stopped_early_is_resumed_and_not_summarized(tmp_path, monkeypatch
 
 def test_a_finished_run_whose_config_now_plans_more_steps_resumes(tmp_path, monkeypatch):
   """Raising `train.num_steps` extends finished runs: the runner compares the steps a run (or
-  its summary of an earlier session) reached with what its config plans now."""
+  its summary from an earlier invocation) reached with what its config plans now."""
   sweep = Sweep("main", FL, {"a": {"train.num_steps": 3}, "b": {"train.num_steps": 3}},
                 seeds=(0,))
   root, out = str(tmp_path / "runs"), tmp_path / "summaries"

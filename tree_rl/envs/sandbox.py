@@ -30,10 +30,10 @@ would otherwise keep zombies of the tests' uid, which count against RLIMIT_NPROC
 Layers, and what each stops:
 
 1. Process: `cwd` = workspace; an environment of PATH, LANG, HOME (the workspace) and
-   PYTHONHASHSEED=0 only; a new session; `-P -s -S -B` (`-I` less `-E`, which would drop
-   PYTHONHASHSEED; the environment is scrubbed instead). The root half SIGKILLs the tests at
-   `timeout_s`, then kills and reaps whatever is left (as a child subreaper where there is no PID
-   namespace); the parent kills the session's group after every run, and everything at
+   PYTHONHASHSEED=0 only; `setsid` (its own process group); `-P -s -S -B` (`-I` less `-E`,
+   which would drop PYTHONHASHSEED; the environment is scrubbed instead). The root half SIGKILLs
+   the tests at `timeout_s`, then kills and reaps whatever is left (as a child subreaper where there is no PID
+   namespace); the parent kills that process group after every run, and everything at
    `timeout_s` + 5 s. Output is read as it comes and only its first `output_bytes` are kept.
 2. rlimits (test half): CPU (past `cpu_s` the tests end, reported), AS (large allocations raise
    MemoryError), FSIZE (no file past `file_bytes`), CORE=0, and NPROC when the tests run as nobody.
@@ -60,7 +60,7 @@ state in the tests' own process, which code under test can clear (layers 1-4 are
 that code runs, by a process it cannot reach, and hold regardless). In `run_tests` (the visible
 tests) the tests share their process with the code under test, which can read and patch them:
 fine for the agent's own `<test/>`, never used for a reward. Without the namespaces a test can reach the network, outlive its run by leaving
-its session (the subreaper still kills what it can find) and signal other runs of its uid; without
+its process group (the subreaper still kills what it can find) and signal other runs of its uid; without
 the drop, NPROC is unset and the tests can write the workspace. RLIMIT_NPROC counts every process of
 nobody on the machine, so concurrent runs share that budget; memory is limited per process (AS), not
 per run.
