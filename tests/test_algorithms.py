@@ -26,3 +26,11 @@ def test_comparisons_in_registration_order_reports_list_a_control_first():
   assert algorithms.display_order()[:4] == ["grpo", "tree_grpo", "tree_random", "patr"]
   assert [measures.label(a) for a in ("grpo", "tree_random", "rloo", "tree_grpo_quarter")] == [
       "chain GRPO", "Tree-Random", "RLOO", "Tree-GRPO, 1/4 budget"]
+
+
+def test_the_readme_holds_the_methods_table_rendered_from_the_registry():
+  import os
+  readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "README.md")).read()
+  table = algorithms.markdown_table()
+  assert table in readme, "README.md: paste tree_rl.algorithms.markdown_table()\n" + table

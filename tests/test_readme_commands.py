@@ -1,7 +1,8 @@
-"""Every quick fenced README command runs as written: `--print_config`, `--list`, `--dry-run`
-(sweep targets that would submit get `--dry-run` added) and the launch scripts under
-`DRY_RUN=1`. Commands that train are exercised by the other tests."""
+"""Every quick fenced command of README.md and docs/*.md runs as written: `--print_config`,
+`--list`, `--dry-run` (sweep targets that would submit get `--dry-run` added) and the launch
+scripts under `DRY_RUN=1`. Commands that train are exercised by the other tests."""
 
+import glob
 import os
 import re
 import shlex
@@ -14,14 +15,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = ("--print_config", "--list", "--dry-run")
 
 
-def readme_commands() -> list[str]:
-  text = open(os.path.join(ROOT, "README.md")).read()
+def doc_files() -> list[str]:
+  """README.md, then every page under docs/ (paths relative to the repository root)."""
+  docs = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+  return ["README.md"] + [os.path.relpath(p, ROOT) for p in docs]
+
+
+def commands(path: str) -> list[str]:
+  """The lines of `path`'s fenced bash blocks (a backslash continues a line)."""
+  text = open(os.path.join(ROOT, path)).read()
   out = []
   for block in re.findall(r"```bash\n(.*?)```", text, re.S):
     for line in block.replace("\\\n", " ").splitlines():
       if line.strip():
         out.append(line.strip())
   return out
+
+
+def readme_commands() -> list[str]:
+  return commands("README.md")
 
 
 def plan(line: str):
@@ -43,17 +55,18 @@ def plan(line: str):
   return (words, env) if any(q in words for q in QUICK) else None
 
 
-CASES = [c for c in readme_commands() if plan(c)]
+README_CASES = [c for c in readme_commands() if plan(c)]
+CASES = list(dict.fromkeys(c for f in doc_files() for c in commands(f) if plan(c)))
 
 
-def test_the_readme_has_quick_commands_of_every_kind():
+def test_the_readme_and_docs_have_quick_commands_of_every_kind():
   kinds = {q for c in CASES for q in QUICK if q in c} | {"DRY_RUN" for c in CASES if "launch/" in c}
   assert {"--print_config", "--list", "--dry-run", "DRY_RUN"} <= kinds, CASES
-  assert len(CASES) >= 7
+  assert len(README_CASES) >= 7, README_CASES
 
 
 @pytest.mark.parametrize("line", CASES)
-def test_readme_command_runs_as_written(line):
+def test_documented_command_runs_as_written(line):
   argv, env = plan(line)
   proc = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, **env), capture_output=True,
                         text=True, timeout=300)
