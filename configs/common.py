@@ -4,7 +4,7 @@ model presets and the smoke shrink."""
 from tree_rl import algorithms
 
 # Updates per RL step (`train.minibatches`, one epoch): each baseline takes its public scripts'
-# (`Algorithm.updates`; docs/paper_defaults.md names the files). The reproduction's own methods
+# (`Algorithm.updates`; docs/methods.md names the files). The reproduction's own methods
 # take one, as rLLM's FrozenLake script (the framework of PATR's runs) does: 32 prompts,
 # mini-batches of 64. Tree-GRPO's scripts take 8 for tree and chain alike (64 x GPUs prompts in
 # mini-batches of 8 x GPUs); here GRPO, Tree-GRPO, PATR and Tree-Random share one learner
@@ -12,7 +12,7 @@ from tree_rl import algorithms
 # Tree-GRPO's).
 # The CPU presets (8 prompts a step, learning rates measured at one update a step) give the
 # baselines 2 updates: the least under which clipping acts at all (after the first). Not measured
-# against the testbeds' learning curves (docs/paper_defaults.md). The baselines take their
+# against the testbeds' learning curves (docs/methods.md). The baselines take their
 # recipes' one epoch everywhere (the FrozenLake main job's two epochs are the reproduction's
 # methods' setting: the baselines' 2 mini-batches make as many updates).
 CPU_UPDATES = 2
