@@ -12,7 +12,7 @@ text within CPU budgets; with the hint it learns to move towards it in ~300 SFT 
 Run:
   python -m experiments.train --config=configs/frozenlake.py:algo=patr,model=tiny --workdir=runs/fl
 The reproduction's testbed (`testbed`: observations that also list each move's cell, a longer
-warm start and 100 RL steps; docs/benchmarks.md, "testbed"):
+warm start and 200 RL steps; docs/measurements.md, "testbed"):
   python -m experiments.train --config=configs/frozenlake.py:algo=chain,testbed --workdir=runs/tb
 Smoke (a minute or two on a CPU):
   python -m experiments.train --config=configs/frozenlake.py:algo=tree_grpo,smoke --workdir=runs/fl_smoke
@@ -55,7 +55,7 @@ def get_config(arg=None):
 
 
 def _cpu_scale(c):
-  """The from-scratch policy on a 2-core CPU (docs/benchmarks.md measures each choice)."""
+  """The from-scratch policy on a 2-core CPU (docs/measurements.md measures each choice)."""
   c.env.preset, c.env.goal_hint = "rllm_small", True
   # The tiny from-scratch policy replies with one move word: 16 tokens per turn is ample.
   c.rollout.max_tokens_per_turn = 16
@@ -76,7 +76,7 @@ def _cpu_scale(c):
   # Fixed-shape learner micro-batches of 4 rows x 1536 tokens (the longest trajectory these maps
   # allow), tree-packed (each node once, block-sparse ancestor attention): executed tokens below
   # the per-leaf ones, memory bounded by the micro-batch, one shape every step. Measured against
-  # root-to-leaf rows (packed=False) in docs/benchmarks.md: 3.3 s vs 5.7 s per steady step.
+  # root-to-leaf rows (packed=False) in docs/measurements.md: 3.3 s vs 5.7 s per steady step.
   c.learner.packed = True
   c.learner.row_tokens, c.learner.microbatch_rows, c.learner.microbatches = 1536, 4, 1
   # Warm start: imitate an expert that plays a random move 20% of the time (the noisy moves are
@@ -101,7 +101,7 @@ def _cpu_scale(c):
 
 
 def _main_job(c):
-  """The main job (docs/benchmarks.md, "The main job across RL seeds" measures these choices)."""
+  """The main job (docs/measurements.md, "the main job across RL seeds", measures these choices)."""
   # RL starts from the shipped warm start, the same weights on every machine (the SFT's result
   # depends on the machine's floats); --config.warmstart.from_scratch=true runs the SFT of
   # _cpu_scale instead, `python -m experiments.make_warmstart` regenerates the file.
@@ -121,7 +121,7 @@ def _testbed(c):
   step around the hole the hint points into (the hint-following rule wins 75% of the held-out
   maps, a rule reading only the local view 95%); the warm start trains on demos that mostly
   start next to a hole, until its greedy policy wins 80% of the train maps, and RL runs long
-  enough for the curves to flatten (docs/benchmarks.md, "testbed", measures each choice)."""
+  enough for the curves to flatten (docs/measurements.md, "testbed", measures each choice)."""
   c.env.local_view = True
   c.learner.row_tokens = 1824        # the longest trajectory grows by 10 x 16 local-view tokens
   # 4096 demos (each a fresh map): the target is reached 2-4x sooner than with 512. 90% of them
@@ -136,7 +136,7 @@ def _testbed(c):
   c.warmstart.loss_on_noise = True
   # 2000 steps at SFT lr 1e-3 (cosine): at the default 3e-3 a seed's checks fell from 0.80 to
   # 0.61 (the hint rule's score) as training went on, and at 1000 steps some seeds never met the
-  # target; at 1e-3 they rose steadily (docs/benchmarks.md, "testbed, 200 RL steps")
+  # target; at 1e-3 they rose steadily (docs/measurements.md, "testbed, 200 RL steps")
   c.warmstart.steps = 2000
   c.warmstart.learning_rate = 1e-3
   # checks on 256 train maps: on 64 (sd of a check about 0.055) a seed stopped at step 250 on a

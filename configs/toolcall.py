@@ -8,7 +8,7 @@ compiles for a TPU slice); `model=tiny|small` replies with a few tokens per turn
 Run:
   python -m experiments.train --config=configs/toolcall.py:algo=tree_grpo,model=tiny --workdir=runs/qa
 The reproduction's CPU testbed (`testbed`: a warm start long enough to copy names from the
-question and the search results, then 200 RL steps; docs/benchmarks.md, "tool-call testbed"):
+question and the search results, then 300 RL steps; docs/measurements.md, "tool-call testbed"):
   python -m experiments.train --config=configs/toolcall.py:algo=grpo,testbed --workdir=runs/qa_tb
 Smoke:
   python -m experiments.train --config=configs/toolcall.py:algo=patr,smoke --workdir=runs/qa_smoke
@@ -45,7 +45,7 @@ def _testbed(c):
   """The CPU testbed of the reproduction's tool-call half: the tiny policy learns from the
   expert's demos to copy a name from the question (or the last search's facts) into the next
   query and the answer, stopping while it still misses often, and RL runs long enough for the
-  curves to flatten (docs/benchmarks.md, "tool-call testbed", measures each choice)."""
+  curves to flatten (docs/measurements.md, "tool-call testbed", measures each choice)."""
   c.sampler.attention = "reference"   # fewest compiled shapes on CPU
   # 4x the default KB's entities (about 2,200 train questions, not 470): on the default KB the
   # warm start learned the train questions (checks 0.55) far better than the held-out ones

@@ -97,6 +97,6 @@ class FrozenLakeExpert:
     """A hole is next to the start: the right first move depends on where it lies (in the
     hint's direction, so the expert turns away, or elsewhere, so the hint's move is safe). Demos
     that oversample only the first kind teach "a hole in view: take the second move" (measured:
-    docs/benchmarks.md, "testbed"); holes on either side make the policy read which move has it."""
+    docs/measurements.md, "testbed"); holes on either side make the policy read which move has it."""
     return jnp.any(fl.neighbour_cells(state) == fl.OBS_HOLE)
 
