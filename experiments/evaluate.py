@@ -59,7 +59,12 @@ def main(argv):
   from tree_rl.train import evaluate_checkpoint
   named = {"maps": _MAPS.value} if _MAPS.value else {}
   for step in [int(s) for s in _STEPS.value] or [None]:
-    print(json.dumps(named | evaluate_checkpoint(config, _WORKDIR.value, step)), flush=True)
+    try:
+      row = evaluate_checkpoint(config, _WORKDIR.value, step)
+    except FileNotFoundError as e:   # no such checkpoint: one line naming the saved steps
+      print(f"error: {e}", file=sys.stderr, flush=True)
+      sys.exit(2)
+    print(json.dumps(named | row), flush=True)
 
 
 if __name__ == "__main__":

@@ -42,10 +42,21 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
   return out
 
 
-def base_config() -> ml_collections.ConfigDict:
-  """All sections and fields with their defaults (unlocked; call `lock` when done)."""
+def base_config(imports: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
+  """All sections and fields with their defaults (unlocked; call `lock` when done).
+
+  imports: modules to import first, each registering components (envs, rollout methods,
+  process scorers, advantage estimators) whose own fields then join the schema; they are kept
+  in `config.imports`, so a run's config.json reads back (`from_json`, `experiments.evaluate`)
+  with the same fields.
+  """
+  import importlib
+
+  for module in imports:
+    importlib.import_module(module)
   c = ml_collections.ConfigDict()
   c.seed = 0
+  c.imports = tuple(imports)   # modules registering components this config names (see above)
 
   c.model = dict(
       preset="tiny",            # tiny | small | hf
@@ -64,7 +75,6 @@ def base_config() -> ml_collections.ConfigDict:
       data_seed=42,             # seed of the fixed FrozenLake map sets (rLLM: 42) and of the toolcall KB
                                 # (+ every registered env's own fields, e.g. frozenlake's goal_hint)
   )
-  _add_env_fields(c.env)
   c.sampler = dict(
       page_size=16,             # tokens per KV page
       num_pages=4096,           # KV pages per data shard (0: the rollouts' worst case, computed); a pool too small is refused up front
@@ -87,30 +97,7 @@ def base_config() -> ml_collections.ConfigDict:
       top_k=0,                  # 0 disables top-k
       top_p=1.0,
       max_turns=10,             # agent turns per episode and tree depth limit (the env's max_turns)
-      group_size=8,             # chain: trajectories per prompt (G)
-      num_trees=2,              # tree_grpo: trees per prompt (M)
-      expand_nodes=2,           # tree_grpo: expansion nodes per tree per iteration (N)
-      expand_iterations=1,      # tree_grpo: expansion iterations (L); leaves = M * (L * N + 1)
-      keep_leaves=3,            # tree_grpo: random leaves kept per tree (K, public code: 3); 0 keeps all
-      initial_branches=4,       # patr / tree_random / arpo: branches started per prompt (B0; ARPO's initial rollouts)
-      expand_children=2,        # patr / tree_random: children of an expanded branch (M); arpo: its beam
-                                # (a forking branch gets expand_children - 1 new ones)
-      score_every=5,            # patr / tree_random: agent steps between scoring rounds (K)
-      expand_top_k=2,           # patr / tree_random: branches expanded per scoring round
-      prune_alpha=0.5,          # patr / tree_random: prune s < median(active s) - alpha
-      prune_repeat=6,           # patr / tree_random: prune after the same action Theta times; 0 off
-      keep_pruned=True,         # patr / tree_random: pruned branches stay in the group (else dropped)
-      keep_best=0,              # patr / tree_random: only the n best-scored leaves enter the group (Best_n); 0 off
-      max_branches=16,          # patr / tree_random: cap on branches started per prompt; arpo: its group
-                                # size n (chains fill the group when a prompt has no running branch)
-      arpo_rule="stochastic",   # arpo: stochastic (fork with P = clip(alpha + beta * dH, 0, 1), the public
-                                # code) | threshold (deterministic: fork when dH > entropy_threshold)
-      arpo_alpha=0.5,           # arpo: base branch probability (public scripts: 0.5)
-      arpo_beta=0.2,            # arpo: weight of the entropy change dH (public scripts: 0.2)
-      arpo_entropy="reference",  # arpo: reference (top-10 log-prob entropy summed over the first
-                                # entropy_tokens tokens, / ln V) | mean (exact mean entropy, nats)
-      entropy_tokens=20,        # arpo: a reply's entropy is taken over its first k tokens (public code: 20)
-      entropy_threshold=0.0,    # arpo_rule=threshold: fork when H_t - H_0 exceeds this
+                                # (+ every registered method's own fields, e.g. patr's score_every)
       budget=0,                 # per-prompt budget in budget_unit; 0 = unlimited
       budget_unit="generated",  # generated | computed (generated + prefilled) | tool_calls | env_steps
       dynamic_sampling=False,   # DAPO: drop groups that all succeed or all fail and draw more prompts
@@ -121,25 +108,7 @@ def base_config() -> ml_collections.ConfigDict:
   )
   c.scorer = dict(
       name="heuristic",         # process scorer: heuristic | judge | prm | random | a registered name
-      judge_template="",        # judge prompt: {trajectory} slot, optional {stage} slot; "" = the env's
-                                # stage-aware template (FrozenLake: plan/move; tool-call: search/answer)
-      judge_context_tokens=256, # last tokens of the partial trajectory shown to the judge
-      judge_max_tokens=8,       # tokens the judge may write
-      judge_scale=10.0,         # the judge's number is divided by this
-      judge_lambda=0.5,         # s = lambda * s_judge + (1 - lambda) * s_heuristic
-      judge_model="policy",     # policy (the current policy judges itself) | hf (a fixed local checkpoint)
-      judge_hf_path="",         # judge checkpoint directory when judge_model=hf
-      prm_model="policy",       # policy (the PRM reads the current policy) | hf (a fixed local checkpoint)
-      prm_hf_path="",           # PRM checkpoint directory when prm_model=hf
-      prm_template="{question}{steps}",  # PRM input: {question} = the env's prompt, {steps} = the
-                                # agent steps so far (reply + observation), each + prm_step_separator
-      prm_step_separator="\n\n", # text after every step; its last token's output scores the step
-      prm_head="token",         # token: P(good token) after each step | scalar: sigmoid(value head)
-      prm_good_token="+",       # designated "good" token (must be one token)
-      prm_bad_token="-",        # normalise P(good) against this token; "" = plain P(good)
-      prm_aggregate="last",     # last | mean | max | min | weighted over the steps
-      prm_decay=0.8,            # weighted: weight decay^(steps after) per step
-      prm_chunk_rows=0,         # rows per data shard the PRM runs at once (0: all): bounds its memory
+                                # (+ every registered scorer's own fields, e.g. the judge's judge_lambda)
   )
   c.learner = dict(
       advantage="grpo",         # a name in tree_rl.learner.advantages' registry
@@ -183,7 +152,6 @@ def base_config() -> ml_collections.ConfigDict:
       packed_attention="block",  # packed rows: block (block-sparse over ancestors) | dense (full mask)
       attention_block=32,       # packed rows: attention block size (pack_trees' block)
   )
-  _add_estimator_knobs(c.learner)
   c.mesh = dict(
       shape=(-1, 1, 1),         # devices along (data, fsdp, tensor); -1 fills the rest
       axis_names=("data", "fsdp", "tensor"),
@@ -244,30 +212,26 @@ def base_config() -> ml_collections.ConfigDict:
       attempts=1,               # attempts that miss the target are redone from a fresh init, up to this many
       attention="auto",         # learner attention implementation (see learner.attention)
   )
+  _add_declared(c)
   return c
 
 
-def _add_estimator_knobs(learner) -> None:
-  """`learner.<knob>` for every registered advantage estimator's knob, at its default."""
-  from tree_rl.learner import advantages
+def _add_declared(c) -> None:
+  """Every field a registered component declares (`tree_rl.fields`: envs, rollout methods,
+  process scorers, advantage estimators), at its default in its section; their ranges join
+  `RANGES`."""
+  from tree_rl import envs, fields   # noqa: F401 (importing registers the built-ins)
+  from tree_rl.learner import advantages  # noqa: F401
+  from tree_rl.rollout import methods, scorers  # noqa: F401
 
-  for knob, default in advantages.all_knobs().items():
-    if knob in learner:
-      raise ValueError(f"an advantage estimator's knob {knob!r} is already config.learner.{knob}")
-    learner[knob] = default
-
-
-def _add_env_fields(env) -> None:
-  """`env.<field>` for every registered environment's own field, at its default; the ranges of
-  the numeric ones join `RANGES`."""
-  from tree_rl import envs
-
-  for field, (owners, default) in envs.all_fields().items():
-    if field in env:
-      raise ValueError(f"env {owners[0]!r} declares the field {field!r}, which is already "
-                       f"config.env.{field}")
-    env[field] = default
-  RANGES.update({f"env.{field}": spec for field, spec in envs.all_ranges().items()})
+  for section in fields.sections():
+    for name, (owners, f) in fields.declared(section).items():
+      if name in c[section]:
+        raise ValueError(f"{owners[0]!r} declares the field {name!r}, which is already "
+                         f"config.{section}.{name}")
+      c[section][name] = f.default
+      if f.range:
+        RANGES[f"{section}.{name}"] = f.range
 
 
 # ----------------------------------------------------------------------------- numeric ranges
@@ -284,21 +248,10 @@ RANGES = {
     "sampler.obs_chunk": _INT_NN, "sampler.data_shards": _INT_NN,
     "rollout.prompts_per_step": _INT_POS, "rollout.prompts_per_rollout": _INT_NN, "rollout.max_tokens_per_turn": _INT_POS,
     "rollout.temperature": "num (0 100]", "rollout.top_k": _INT_NN, "rollout.top_p": "num (0 1]",
-    "rollout.max_turns": _INT_POS, "rollout.group_size": _INT_POS, "rollout.num_trees": _INT_POS,
-    "rollout.expand_nodes": _INT_NN, "rollout.expand_iterations": _INT_NN,
-    "rollout.keep_leaves": _INT_NN, "rollout.initial_branches": _INT_POS,
-    "rollout.expand_children": _INT_POS, "rollout.score_every": _INT_POS,
-    "rollout.expand_top_k": _INT_NN, "rollout.prune_alpha": "num [-100 100]",
-    "rollout.prune_repeat": _INT_NN, "rollout.keep_best": _INT_NN, "rollout.max_branches": _INT_POS,
-    "rollout.entropy_tokens": _INT_POS,
-    "rollout.arpo_alpha": "num [-100 100]", "rollout.arpo_beta": "num [-100 100]", "rollout.entropy_threshold": "num [-100 100]",
+    "rollout.max_turns": _INT_POS,
     "rollout.budget": _INT_NN, "rollout.max_draws": _INT_POS,
     "rollout.draw_factor": _INT_POS,
-    "scorer.judge_context_tokens": _INT_POS, "scorer.judge_max_tokens": _INT_POS,
-    "scorer.judge_scale": _POS, "scorer.judge_lambda": _UNIT, "scorer.prm_decay": _UNIT,
-    "scorer.prm_chunk_rows": _INT_NN,
-    "learner.adv_eps": "num (0 1]", "learner.step_weight": _NN, "learner.step_gamma": _UNIT,
-    "learner.overlong_window": _UNIT, "learner.overlong_penalty": _NN, "learner.clip_low": "num [0 1)", "learner.clip_high": _NN,
+    "learner.adv_eps": "num (0 1]", "learner.overlong_window": _UNIT, "learner.overlong_penalty": _NN, "learner.clip_low": "num [0 1)", "learner.clip_high": _NN,
     "learner.dual_clip": "num [0 100]",
     "learner.kl_coef": "num [0 100]", "learner.entropy_coef": "num [0 1]",
     "learner.learning_rate": "num (0 1]", "learner.warmup_steps": _INT_NN,
@@ -343,11 +296,14 @@ def describe(spec: str) -> str:
   return f"{what} in {lo[0]}{lo[1:]}, {hi}".replace("(_", "(-inf")
 
 
-def range_errors(config) -> list[str]:
-  """One message per numeric field outside its declared range (or of the wrong type)."""
+def range_errors(config, sections: tuple[str, ...] | None = None) -> list[str]:
+  """One message per numeric field (of `sections`, default all) outside its declared range (or
+  of the wrong type)."""
   out = []
   for key, spec in RANGES.items():
     section, _, field = key.rpartition(".")
+    if sections is not None and section not in sections:
+      continue
     node = config[section] if section else config
     if field in node and not _in_range(node[field], spec):
       out.append(f"config.{key}={node[field]!r} must be {describe(spec)}")
@@ -453,8 +409,12 @@ def from_json(text: str) -> ml_collections.ConfigDict:
   """A locked config from a run's saved `config.json` (the schema's types restored)."""
   import json
 
-  c = base_config()
-  for key, value in _flat(json.loads(text)).items():
+  saved = json.loads(text)
+  try:
+    c = base_config(tuple(saved.get("imports", ())))
+  except ImportError as e:
+    raise ValueError(f"saved config.imports names a module that does not import here: {e}") from None
+  for key, value in _flat(saved).items():
     section, _, field = key.partition(".")
     if section not in c or (field and field not in c[section]):
       raise ValueError(f"saved config field {key!r} is not in this version's schema")

@@ -47,7 +47,9 @@ def validate(config, *, engine=None, layout=None) -> None:
   Without `engine`/`layout` only the config itself is checked; with them (after the env and
   the engine exist, still before any rollout) the KV page pool is checked too.
   """
-  m = config.model
+  errors = range_errors(config)   # every numeric field against its declared range, first
+  _check(not errors, "; ".join(errors))
+  m, r, t, s = config.model, config.rollout, config.train, config.sampler
   _check(m.preset in set(PRESETS) | {"hf"},
          f"config.model.preset={m.preset!r}; known: {sorted(PRESETS) + ['hf']}")
   _check(m.dtype in DTYPES and m.param_dtype in DTYPES,
@@ -57,30 +59,12 @@ def validate(config, *, engine=None, layout=None) -> None:
   _check(envs.entry(config.env.name).tasks is not None,
          f"config.env.name={config.env.name!r} was registered without a task set: "
          f"tree_rl.envs.register({config.env.name!r}, factory, tasks=...)")
-  _check(0 <= int(config.seed) < 2**31, f"config.seed must be in [0, 2**31), got {config.seed}")
-  _check(-1 <= int(config.train.rl_seed) < 2**31, f"config.train.rl_seed must be -1 (config.seed) "
-         f"or in [0, 2**31), got {config.train.rl_seed}")
-  r, t, s = config.rollout, config.train, config.sampler
-  _check(int(r.prompts_per_step) >= 1,
-         f"config.rollout.prompts_per_step must be >= 1, got {r.prompts_per_step}")
-  for field in ("num_steps", "ppo_epochs", "minibatches", "eval_every", "eval_samples"):
-    _check(int(t[field]) >= 1, f"config.train.{field} must be >= 1, got {t[field]}")
   import jax
   per_process = int(r.prompts_per_step) // jax.process_count()
   _check(int(t.minibatches) <= per_process,
          f"config.train.minibatches={t.minibatches} exceeds config.rollout.prompts_per_step="
          f"{r.prompts_per_step} ({per_process} per process): every minibatch needs at least one "
          "prompt on every process")
-  _check(int(r.max_draws) >= 1, f"config.rollout.max_draws must be >= 1, got {r.max_draws}")
-  _check(int(config.checkpoint.every_steps) >= 1, "config.checkpoint.every_steps must be >= 1")
-  _check(int(config.checkpoint.keep) >= 1, "config.checkpoint.keep must be >= 1")
-  _check(int(s.page_size) >= 1, f"config.sampler.page_size must be >= 1, got {s.page_size}")
-  _check(int(s.num_pages) >= 0,
-         f"config.sampler.num_pages must be >= 0 (0: the rollouts' worst case), got {s.num_pages}")
-  _check(int(s.max_shared_pages) >= 0,
-         f"config.sampler.max_shared_pages must be >= 0, got {s.max_shared_pages}")
-  _check(int(s.obs_chunk) >= 0,
-         f"config.sampler.obs_chunk must be >= 0 (0: the whole observation at once), got {s.obs_chunk}")
   _check(s.kv_dtype in KV_DTYPES, f"config.sampler.kv_dtype={s.kv_dtype!r}; known: {KV_DTYPES}")
   _check(s.attention in ATTENTION, f"config.sampler.attention={s.attention!r}; known: {ATTENTION}")
   _check_shards(config)
@@ -95,16 +79,11 @@ def validate(config, *, engine=None, layout=None) -> None:
     validate_learner(config)
   except (KeyError, ValueError) as e:
     raise ConfigError(str(e).strip("'\"")) from e
-  _check(float(r.temperature) > 0,
-         f"config.rollout.temperature={r.temperature}: training samples need a temperature > 0 "
-         "(the learner trains softmax(logits / temperature); evaluation adds greedy on its own)")
   for field, off in (("top_k", 0), ("top_p", 1.0)):
     _check(r[field] == off,
            f"config.rollout.{field}={r[field]}: training refuses top-k / top-p filters (the "
            f"learner's policy is the unfiltered softmax(logits / temperature), so the gradient "
            f"would be for a policy the samples did not come from); set it to {off}")
-  errors = range_errors(config)
-  _check(not errors, "; ".join(errors))
   _check(config.warmstart.attention in LEARNER_ATTENTION,
          f"config.warmstart.attention={config.warmstart.attention!r}; known: {LEARNER_ATTENTION}")
   _check_shipped_policy(config)
@@ -161,7 +140,6 @@ def _check_shards(config) -> None:
          f"config.rollout.prompts_per_rollout={per} must divide prompts_per_step="
          f"{r.prompts_per_step} and split over the job's {jax.process_count()} processes (0: the "
          f"whole step in one rollout)")
-  _check(want >= 0, f"config.sampler.data_shards must be >= 0 (0: automatic), got {want}")
   if want == 0:
     return
   procs, tensor = jax.process_count(), tensor_size(config)

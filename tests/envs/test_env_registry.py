@@ -5,7 +5,7 @@ import pytest
 
 from configs import frozenlake
 from tree_rl import config as config_lib
-from tree_rl import envs
+from tree_rl import envs, fields
 from tree_rl.envs import registry
 from tree_rl.envs.frozenlake import FrozenLake
 from tree_rl.validation import ConfigError, validate
@@ -16,7 +16,8 @@ def _no_sevens(env_config):
 
 
 @pytest.fixture
-def probe():
+def probe(monkeypatch):
+  monkeypatch.setattr(fields, "_DECLARED", {k: dict(v) for k, v in fields._DECLARED.items()})
   envs.register("lake_probe", FrozenLake, fields=dict(probe_holes=3),
                 ranges=dict(probe_holes="int [0 _)"), checks=_no_sevens)
   try:

@@ -7,6 +7,7 @@ import pytest
 
 from configs import frozenlake
 from tree_rl import config as config_lib
+from tree_rl import fields
 from tree_rl.learner import advantages, from_rollout
 from tree_rl.rollout import tree as tree_lib
 from tree_rl.rollout.budget import Budget
@@ -17,7 +18,7 @@ from tree_rl.rollout.driver import RolloutOutput
 def toy_estimator(monkeypatch):
   """`toy_scaled` (A = scale * (r - 0.5)) with its knob `scale`, registered for one test."""
   monkeypatch.setattr(advantages._REGISTRY, "_items", dict(advantages._REGISTRY._items))
-  monkeypatch.setattr(advantages, "_KNOBS", dict(advantages._KNOBS))
+  monkeypatch.setattr(fields, "_DECLARED", {k: dict(v) for k, v in fields._DECLARED.items()})
 
   @advantages.register("toy_scaled", scale=2.0)
   def toy_scaled(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6, scale=2.0):
@@ -61,13 +62,13 @@ def test_gigpo_declares_its_step_knobs():
 
 def test_a_knob_the_estimator_does_not_take_or_a_second_default_is_refused(monkeypatch):
   monkeypatch.setattr(advantages._REGISTRY, "_items", dict(advantages._REGISTRY._items))
-  monkeypatch.setattr(advantages, "_KNOBS", dict(advantages._KNOBS))
+  monkeypatch.setattr(fields, "_DECLARED", {k: dict(v) for k, v in fields._DECLARED.items()})
 
   def plain(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6, step_gamma=0.9):
     return rewards
 
   with pytest.raises(TypeError, match="'bad'.*\\['scale'\\]"):
     advantages.register("bad", scale=1.0)(plain)
-  with pytest.raises(ValueError, match="'step_gamma' defaults to 0.9.*0.95"):
+  with pytest.raises(ValueError, match="step_gamma defaults to 0.9.*0.95"):
     advantages.register("bad", step_gamma=0.9)(plain)
   assert "bad" not in advantages.names()

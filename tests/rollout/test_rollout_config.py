@@ -93,7 +93,7 @@ def test_tree_grpo_keeps_three_leaves_and_refuses_smaller_trees():
 def test_patr_keep_best_outside_the_group_is_refused(best):
   c = base_config()                # max_branches 16
   c.rollout.keep_best = best
-  with pytest.raises(ValueError, match=f"config.rollout.keep_best={best} must be in"):
+  with pytest.raises(ValueError, match=f"config.rollout.keep_best={best} must be"):
     build.validate(c)
 
 

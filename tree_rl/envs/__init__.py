@@ -19,8 +19,8 @@ import importlib
 import pkgutil
 
 from tree_rl.envs.base import Environment, TokenEnv, repeat, restore, snapshot, take
-from tree_rl.envs.registry import (EnvEntry, all_fields, all_ranges, entry, from_config, make,
-                                     problems, register, registered)
+from tree_rl.envs.registry import (EnvEntry, entry, from_config, make, problems, register,
+                                     registered)
 from tree_rl.envs.external_tool import ExternalTool
 from tree_rl.envs.host import HostEnv, HostState, is_host_env
 

@@ -7,11 +7,12 @@
     env = from_config(config, tokenizer)
 
 What an entry holds (`EnvEntry`):
-- fields: the env's own `config.env` fields, name -> default (`tree_rl.config.base_config` adds
-  them beside the shared name / preset / data_dir / data_seed, so they round-trip through a run's
-  config.json); ranges: the numeric ones' ranges (`tree_rl.config.RANGES` notation). Two envs
-  may share a field with one default; policy_fields: those of its fields (besides preset) that
-  change what a policy sees, so a shipped warm-start policy is bound to their values;
+- fields: the env's own `config.env` fields, name -> default or `tree_rl.fields.Field` (declared
+  through `tree_rl.fields`, which `tree_rl.config.base_config` reads, so they sit beside the
+  shared name / preset / data_dir / data_seed and round-trip through a run's config.json);
+  ranges: the numeric ones' ranges, where not given in a Field. Two envs may share a field with
+  one default; policy_fields: those of its fields (besides preset) that change what a policy
+  sees, so a shipped warm-start policy is bound to their values;
 - factory(tokenizer=..., max_turns=..., max_reply_tokens=..., **fields) -> TokenEnv;
   `from_config` passes the `config.env` fields named in `config_fields`, the turn limit
   `config.rollout.max_turns` and the reply size `config.rollout.max_tokens_per_turn`;
@@ -34,6 +35,7 @@ import dataclasses
 import importlib
 from typing import Any, Callable
 
+from tree_rl import fields as fields_lib
 from tree_rl.registry import Registry
 
 _PARTS = {"tasks": "its task set (train / test initial states)",
@@ -46,8 +48,7 @@ class EnvEntry:
   name: str
   factory: Callable | str
   config_fields: tuple[str, ...] = ("preset",)
-  fields: dict[str, Any] = dataclasses.field(default_factory=dict)
-  ranges: dict[str, str] = dataclasses.field(default_factory=dict)
+  fields: dict[str, fields_lib.Field] = dataclasses.field(default_factory=dict)
   policy_fields: tuple[str, ...] = ()
   tasks: Callable | str | None = None
   heuristic: Callable | str | None = None
@@ -87,19 +88,15 @@ def register(name: str, factory: Callable | str, *, config_fields: tuple[str, ..
              checks: Callable | str | None = None, overwrite: bool = False) -> Callable:
   """Register the environment `name` with everything tree_rl needs of it (see the module
   docstring); returns the factory."""
-  fields, ranges = dict(fields or {}), dict(ranges or {})
-  entry = EnvEntry(name, factory, tuple(config_fields), fields, ranges, tuple(policy_fields), tasks,
+  declared = fields_lib.as_fields(fields, ranges)
+  entry = EnvEntry(name, factory, tuple(config_fields), declared, tuple(policy_fields), tasks,
                    heuristic, expert, judge, checks)
   if name in _REGISTRY and not overwrite and _REGISTRY.get(name) != entry:
     raise ValueError(f"env {name!r} is already registered; pass overwrite=True to replace it")
-  for what, names in (("ranges", ranges), ("policy_fields", policy_fields)):
-    unknown = sorted(set(names) - set(fields))
-    if unknown:
-      raise ValueError(f"env {name!r} declares {what} of {unknown}, which are not among its fields")
-  for field, (owners, default) in all_fields(skip=name).items():
-    if field in fields and fields[field] != default:
-      raise ValueError(f"env {name!r}: config.env.{field} defaults to {fields[field]!r}, but env "
-                       f"{owners[0]!r} declares it with {default!r}; a shared field has one default")
+  unknown = sorted(set(policy_fields) - set(declared))
+  if unknown:
+    raise ValueError(f"env {name!r} declares policy_fields of {unknown}, which are not among its fields")
+  fields_lib.declare("env", name, declared)
   _REGISTRY.register(name)(entry)
   return factory
 
@@ -116,22 +113,6 @@ def make(name: str, **kwargs) -> Any:
 
 def registered() -> list[str]:
   return _REGISTRY.names()
-
-
-def all_fields(skip: str = "") -> dict[str, tuple[tuple[str, ...], Any]]:
-  """{field: (the envs declaring it, its default)} over the registered envs' own `config.env`
-  fields (but env `skip`'s)."""
-  out: dict[str, tuple[tuple[str, ...], Any]] = {}
-  for name in _REGISTRY.ordered():
-    if name != skip:
-      for field, default in entry(name).fields.items():
-        out[field] = (out.get(field, ((), None))[0] + (name,), default)
-  return out
-
-
-def all_ranges() -> dict[str, str]:
-  """{field: range} of the registered envs' numeric fields."""
-  return {f: spec for name in _REGISTRY.ordered() for f, spec in entry(name).ranges.items()}
 
 
 def problems(env_config) -> list[str]:

@@ -18,9 +18,10 @@ A step-level estimator also declares a keyword `steps` (a `StepInputs`: each tra
 `gigpo` is the built-in one.
 All built-ins are jittable: fixed-size arrays, masks and segment sums, no data-dependent shapes.
 
-An estimator's own knobs are declared where it is registered, name -> default::
+An estimator's own knobs are declared where it is registered, name -> default or
+`tree_rl.fields.Field` (default, range, doc)::
 
-    @register("scaled_grpo", scale=2.0)
+    @register("scaled_grpo", scale=Field(2.0, "num (0 _)", "what the advantages are scaled by"))
     def scaled_grpo(rewards, prompt_ids, tree_ids, valid, *, eps=1e-6, scale=2.0): ...
 
 Each knob is a config field `learner.<knob>` with that default (`tree_rl.config.base_config`
@@ -43,9 +44,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from tree_rl import fields
+from tree_rl.fields import Field
 from tree_rl.registry import Registry
 
-__all__ = ["register", "get", "names", "knobs", "all_knobs", "group_stats", "StepInputs", "compute",
+__all__ = ["register", "get", "names", "knobs", "group_stats", "StepInputs", "compute",
            "shared_mean"]
 
 
@@ -67,7 +70,6 @@ class StepInputs:
 
 
 _REGISTRY = Registry("advantage estimator", "config.learner.advantage")
-_KNOBS: dict[str, dict[str, Any]] = {}   # estimator -> {knob: default}
 get = _REGISTRY.get
 names = _REGISTRY.names         # used by config validation
 
@@ -82,13 +84,8 @@ def register(name: str, **knob_defaults):
     if missing:
       raise TypeError(f"advantage estimator {name!r} declares knobs {missing} that it does not "
                       f"take as keyword arguments")
-    shared = all_knobs(skip=name)
-    for k, v in knob_defaults.items():
-      if k in shared and shared[k] != v:
-        raise ValueError(f"advantage estimator {name!r}: knob {k!r} defaults to {v!r}, but "
-                         f"another estimator declares it with {shared[k]!r}")
+    fields.declare("learner", f"advantage {name}", knob_defaults)
     _REGISTRY.register(name)(fn)
-    _KNOBS[name] = dict(knob_defaults)
     return fn
 
   return deco
@@ -97,13 +94,8 @@ def register(name: str, **knob_defaults):
 def knobs(name: str) -> dict[str, Any]:
   """{knob: default} of estimator `name`."""
   get(name)
-  return dict(_KNOBS.get(name, {}))
+  return {k: f.default for k, f in fields.owned("learner", f"advantage {name}").items()}
 
-
-def all_knobs(skip: str = "") -> dict[str, Any]:
-  """{knob: default} over every registered estimator (but `skip`): the fields they add to
-  config.learner."""
-  return {k: v for n, declared in _KNOBS.items() if n != skip for k, v in declared.items()}
 
 # How a step-level estimator weighs trajectories in its episode statistics: `step_rows` each by
 # its number of turns (the public GiGPO code takes mean and std over the batch's step rows),
@@ -312,10 +304,12 @@ def _gigpo(rewards, prompt_ids, valid, eps, steps, step_weight, step_gamma, use_
   return jnp.where(m, episode[:, None] + step_weight * step, 0.0).astype(jnp.float32)
 
 
-# GiGPO's knobs (config.learner.<knob>): step_weight, the weight w of A_step in A_episode +
-# w * A_step; step_gamma, the discount of the step return; episode_stats, the episode mean / std
-# over step rows (each trajectory weighted by its turns: the public code) | trajectories (each once)
-GIGPO_KNOBS = dict(step_weight=1.0, step_gamma=0.95, episode_stats="step_rows")
+# GiGPO's knobs (config.learner.<knob>)
+GIGPO_KNOBS = dict(
+    step_weight=Field(1.0, "num [0 _)", "gigpo: the weight w of A_step in A_episode + w * A_step"),
+    step_gamma=Field(0.95, "num [0 1]", "gigpo: the discount of the step return"),
+    episode_stats=Field("step_rows", "", "gigpo: episode mean / std over step_rows (each "
+                        "trajectory weighted by its turns: the public code) | trajectories (each once)"))
 
 
 @register("gigpo", **GIGPO_KNOBS)

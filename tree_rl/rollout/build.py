@@ -8,21 +8,16 @@ from tree_rl.rollout.engine import Engine, Layout, check_turn_limits
 
 
 def validate(config) -> None:
-  """Fail before any compute on unknown names or impossible rollout settings (naming the field)."""
+  """Fail before any compute on unknown names or impossible rollout settings (naming the field);
+  each numeric field's range is checked with the schema's (`tree_rl.config.range_errors`)."""
+  from tree_rl.config import range_errors
+  errors = range_errors(config, ("rollout", "scorer"))
+  if errors:
+    raise ValueError("; ".join(errors))
   r = config.rollout
   methods.get(r.method)                        # raises with the known methods
   check_unit(r.budget_unit)
   check_turn_limits(r.max_turns, r.max_tokens_per_turn)
-  if int(r.prompts_per_step) < 1:
-    raise ValueError(f"config.rollout.prompts_per_step must be >= 1, got {r.prompts_per_step}")
-  if float(r.temperature) < 0:
-    raise ValueError(f"config.rollout.temperature must be >= 0, got {r.temperature}")
-  if not 0.0 < float(r.top_p) <= 1.0:
-    raise ValueError(f"config.rollout.top_p={r.top_p} must be in (0, 1] (1 turns top-p off)")
-  if int(r.top_k) < 0:
-    raise ValueError(f"config.rollout.top_k={r.top_k} must be >= 0 (0 turns top-k off)")
-  if int(r.budget) < 0:
-    raise ValueError(f"config.rollout.budget must be >= 0 (0 = unlimited), got {r.budget}")
   method = methods.get(r.method)(r)            # raises on bad method fields
   if method.score_every:
     scorers.get(method.scorer_override or config.scorer.name)

@@ -30,9 +30,12 @@ A rollout method (the branching rule, not the LM policy) chooses, at every turn 
                  group holds max_branches (its group filling), so every group is full unless a
                  budget cap refuses.
 
-Register a new method with `@register("name")` on a `factory(rcfg) -> RolloutMethod`; its class
-fills in what `RolloutMethod` leaves abstract: `capacity`, `first`, `next` and
-`planned_trajectories` (the cost `tree_rl.rollout.budget` plans and the reports print).
+Register a new method with `@register("name", fields=...)` on a `factory(rcfg) -> RolloutMethod`;
+`fields` are its own `config.rollout` fields (name -> `tree_rl.fields.Field(default, range, doc)`:
+the config schema adds them and checks their ranges; the factory checks what spans several
+fields and raises a ValueError naming them). Its class fills in what `RolloutMethod` leaves
+abstract: `capacity`, `first`, `next` and `planned_trajectories` (the cost
+`tree_rl.rollout.budget` plans and the reports print).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from tree_rl import fields as fields_lib
+from tree_rl.fields import Field
 from tree_rl.rollout import routing
 from tree_rl.rollout.tree import Tree, gather
 from tree_rl.registry import Registry
@@ -291,29 +296,53 @@ class ARPO(Branching):
 
 Factory = Callable[[Any], RolloutMethod]
 _REGISTRY = Registry("rollout method", "config.rollout.method")
-register = _REGISTRY.register   # decorator: `factory(rollout_config) -> RolloutMethod`
 get = _REGISTRY.get
 names = _REGISTRY.names
 
 
-def _positive(rc, *fields):
-  for f in fields:
-    if int(getattr(rc, f)) < 1:
-      raise ValueError(f"config.rollout.{f} must be >= 1, got {getattr(rc, f)}")
+def register(name: str, fields: dict[str, Field] | None = None, *, overwrite: bool = True):
+  """Decorator: `@register("name", fields={...})` on a `factory(config.rollout) -> RolloutMethod`
+  registers it and declares its own `config.rollout` fields (module docstring)."""
+
+  def deco(factory: Factory) -> Factory:
+    fields_lib.declare("rollout", name, fields)
+    return _REGISTRY.register(name, overwrite=overwrite)(factory)
+
+  return deco
 
 
-@register("chain")
+_INT_POS, _INT_NN, _SPAN = "int [1 _)", "int [0 _)", "num [-100 100]"
+_BRANCHING = dict(
+    initial_branches=Field(4, _INT_POS, "branches started per prompt from the root (B0; ARPO's "
+                           "initial rollouts)"),
+    expand_children=Field(2, _INT_POS, "children of an expanded branch (M); arpo: its beam (a "
+                          "forking branch gets expand_children - 1 new ones)"),
+    max_branches=Field(16, _INT_POS, "cap on branches started per prompt; arpo: its group size n "
+                       "(chains fill the group when a prompt has no running branch)"),
+)
+_PATR = dict(
+    _BRANCHING,
+    score_every=Field(5, _INT_POS, "agent steps between scoring rounds (K)"),
+    expand_top_k=Field(2, _INT_NN, "branches expanded per scoring round"),
+    prune_alpha=Field(0.5, _SPAN, "prune a branch scored s < median(active s) - alpha"),
+    prune_repeat=Field(6, _INT_NN, "prune after the same action Theta times in a row; 0 off"),
+    keep_pruned=Field(True, "", "pruned branches stay in the group (else dropped)"),
+    keep_best=Field(0, _INT_NN, "only the n best-scored leaves enter the group (Best_n); 0 off"),
+)
+
+
+@register("chain", dict(group_size=Field(8, _INT_POS, "trajectories per prompt (G)")))
 def make_chain(rc) -> RolloutMethod:
-  _positive(rc, "group_size")
   return Chain(name="chain", num_trees=1, slots=int(rc.group_size), keep_contexts=False,
                group_size=int(rc.group_size))
 
 
-@register("tree_grpo")
+@register("tree_grpo", dict(
+    num_trees=Field(2, _INT_POS, "trees per prompt (M)"),
+    expand_nodes=Field(2, _INT_POS, "expansion nodes per tree per iteration (N)"),
+    expand_iterations=Field(1, _INT_NN, "expansion iterations (L); leaves = M * (L * N + 1)"),
+    keep_leaves=Field(3, _INT_NN, "random leaves kept per tree (K, public code: 3); 0 keeps all")))
 def make_tree_grpo(rc) -> RolloutMethod:
-  _positive(rc, "num_trees", "expand_nodes")
-  if int(rc.expand_iterations) < 0 or int(rc.keep_leaves) < 0:
-    raise ValueError("config.rollout.expand_iterations and keep_leaves must be >= 0")
   m, n, k = int(rc.num_trees), int(rc.expand_nodes), int(rc.keep_leaves)
   per_tree = 1 + int(rc.expand_iterations) * n
   if k > per_tree:   # the public code asserts every tree has at least K leaves
@@ -326,14 +355,15 @@ def make_tree_grpo(rc) -> RolloutMethod:
                   keep_k=k)
 
 
-def _patr(rc, name, scorer=None) -> RolloutMethod:
-  _positive(rc, "initial_branches", "expand_children", "score_every", "max_branches")
+def _check_branches(rc) -> None:
   if int(rc.initial_branches) > int(rc.max_branches):
     raise ValueError(f"config.rollout.initial_branches={rc.initial_branches} exceeds "
                      f"config.rollout.max_branches={rc.max_branches}")
-  if int(rc.expand_top_k) < 0:
-    raise ValueError(f"config.rollout.expand_top_k must be >= 0, got {rc.expand_top_k}")
-  if not 0 <= int(rc.keep_best) <= int(rc.max_branches):
+
+
+def _patr(rc, name, scorer=None) -> RolloutMethod:
+  _check_branches(rc)
+  if int(rc.keep_best) > int(rc.max_branches):
     raise ValueError(f"config.rollout.keep_best={rc.keep_best} must be in [0, max_branches="
                      f"{rc.max_branches}] (the most leaves a group can have; 0 keeps all)")
   return PATR(name=name, num_trees=1, slots=int(rc.max_branches), keep_contexts=False,
@@ -345,22 +375,30 @@ def _patr(rc, name, scorer=None) -> RolloutMethod:
               max_branches=int(rc.max_branches))
 
 
-@register("patr")
+@register("patr", _PATR)
 def make_patr(rc) -> RolloutMethod:
   return _patr(rc, "patr")
 
 
-@register("tree_random")
+@register("tree_random", _PATR)
 def make_tree_random(rc) -> RolloutMethod:
   return _patr(rc, "tree_random", scorer="random")
 
 
-@register("arpo")
+@register("arpo", dict(
+    _BRANCHING,
+    arpo_rule=Field("stochastic", "", "stochastic (fork with P = clip(alpha + beta * dH, 0, 1), "
+                    "the public code) | threshold (fork when dH > entropy_threshold)"),
+    arpo_alpha=Field(0.5, _SPAN, "base branch probability (public scripts: 0.5)"),
+    arpo_beta=Field(0.2, _SPAN, "weight of the entropy change dH (public scripts: 0.2)"),
+    arpo_entropy=Field("reference", "", "reference (top-10 log-prob entropy summed over the first "
+                       "entropy_tokens tokens, / ln V) | mean (exact mean entropy, nats)"),
+    entropy_tokens=Field(20, _INT_POS, "a reply's entropy is taken over its first k tokens "
+                         "(public code: 20)"),
+    entropy_threshold=Field(0.0, _SPAN, "arpo_rule=threshold: fork when H_t - H_0 exceeds this"),
+))
 def make_arpo(rc) -> RolloutMethod:
-  _positive(rc, "initial_branches", "expand_children", "max_branches", "entropy_tokens")
-  if int(rc.initial_branches) > int(rc.max_branches):
-    raise ValueError(f"config.rollout.initial_branches={rc.initial_branches} exceeds "
-                     f"config.rollout.max_branches={rc.max_branches}")
+  _check_branches(rc)
   if rc.arpo_rule not in routing.ARPO_RULES:
     raise ValueError(f"config.rollout.arpo_rule={rc.arpo_rule!r}; known: {routing.ARPO_RULES}")
   if rc.arpo_entropy not in ARPO_ENTROPY:

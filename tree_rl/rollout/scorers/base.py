@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from tree_rl import fields as fields_lib
 from tree_rl.registry import Registry
 
 
@@ -36,10 +37,20 @@ class ScoreFn(Protocol):
 
 Factory = Callable[..., ScoreFn]
 _REGISTRY = Registry("process scorer", "config.scorer.name")
-register = _REGISTRY.register   # decorator: `factory(cfg, **resources) -> score_fn`
 get = _REGISTRY.get
 names = _REGISTRY.names
 WEIGHTS_FROM = (None, "policy", "own")
+
+
+def register(name: str, fields: dict[str, Any] | None = None, *, overwrite: bool = True):
+  """Decorator: `@register("name", fields={...})` on a `factory(cfg, **resources) -> score_fn`
+  registers it and declares its own `config.scorer` fields (name -> `tree_rl.fields.Field`)."""
+
+  def deco(factory: Factory) -> Factory:
+    fields_lib.declare("scorer", name, fields)
+    return _REGISTRY.register(name, overwrite=overwrite)(factory)
+
+  return deco
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tree_rl import envs
+from tree_rl.fields import Field
 from tree_rl.rollout.scorers.base import ScoreInput, per_state, place_rows, register
 from tree_rl.rollout.scorers.heuristic import make_heuristic
 
@@ -145,7 +146,18 @@ def judge_inputs(batch: ScoreInput, prompt: JudgePrompt, stage: jax.Array, conte
   return out, (npre + take + nsuf).astype(jnp.int32)
 
 
-@register("judge")
+@register("judge", dict(
+    judge_template=Field("", "", "judge prompt: {trajectory} slot, optional {stage} slot; \"\" = "
+                         "the env's stage-aware template (FrozenLake: plan/move; tool-call: search/answer)"),
+    judge_context_tokens=Field(256, "int [1 _)", "last tokens of the partial trajectory shown to "
+                               "the judge"),
+    judge_max_tokens=Field(8, "int [1 _)", "tokens the judge may write"),
+    judge_scale=Field(10.0, "num (0 _)", "the judge's number is divided by this"),
+    judge_lambda=Field(0.5, "num [0 1]", "s = lambda * s_judge + (1 - lambda) * s_heuristic"),
+    judge_model=Field("policy", "", "policy (the current policy judges itself) | hf (a fixed "
+                      "local checkpoint)"),
+    judge_hf_path=Field("", "", "judge checkpoint directory when judge_model=hf"),
+))
 def make_judge(cfg, *, tokenizer=None, generate=None, env=None, env_params=None, **_):
   """LLM-as-judge mixed with the heuristic: s = lambda * s_judge + (1 - lambda) * s_heur.
 

@@ -8,6 +8,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from tree_rl.fields import Field
 from tree_rl.rollout.scorers.base import ScoreInput, place_rows, register
 
 
@@ -103,7 +104,22 @@ def prm_inputs(batch: ScoreInput, fmt: PrmFormat) -> tuple[jax.Array, jax.Array,
   return out, lengths.astype(jnp.int32), reads.astype(jnp.int32)
 
 
-@register("prm")
+@register("prm", dict(
+    prm_model=Field("policy", "", "policy (the PRM reads the current policy) | hf (a fixed local "
+                    "checkpoint)"),
+    prm_hf_path=Field("", "", "PRM checkpoint directory when prm_model=hf"),
+    prm_template=Field("{question}{steps}", "", "PRM input: {question} = the env's prompt, {steps} "
+                       "= the agent steps so far (reply + observation), each + prm_step_separator"),
+    prm_step_separator=Field("\n\n", "", "text after every step; its last token's output scores "
+                             "the step"),
+    prm_head=Field("token", "", "token: P(good token) after each step | scalar: sigmoid(value head)"),
+    prm_good_token=Field("+", "", "designated \"good\" token (must be one token)"),
+    prm_bad_token=Field("-", "", "normalise P(good) against this token; \"\" = plain P(good)"),
+    prm_aggregate=Field("last", "", "last | mean | max | min | weighted over the steps"),
+    prm_decay=Field(0.8, "num [0 1]", "weighted: weight decay^(steps after) per step"),
+    prm_chunk_rows=Field(0, "int [0 _)", "rows per data shard the PRM runs at once (0: all): "
+                         "bounds its memory"),
+))
 def make_prm(cfg, *, lm=None, tokenizer=None, value_head=None, **_):
   """Process reward model over `prm_inputs`' serialisation; the step scores are aggregated by
   `config.scorer.prm_aggregate`. `lm(weights, tokens [B, L], positions [B, L], reads [B, D]) ->
