@@ -219,7 +219,7 @@ def test_model_hf_gets_the_papers_frozenlake_setting():
 
 
 # Each baseline's learner as its public scripts and configs set it, written out here (sources in
-# docs/paper_defaults.md): (KL, clip low / high, dual clip, entropy bonus, aggregation, updates
+# docs/methods.md): (KL, clip low / high, dual clip, entropy bonus, aggregation, updates
 # per step at paper scale).
 BASELINES = {
     "dapo": (0.0, 0.2, 0.28, 10.0, 0.0, "token_mean", 16),
