@@ -38,7 +38,7 @@ def main(argv):
   if _MAPS.value:
     config.env.eval_maps = _MAPS.value
   validate(config)
-  task_set = tasks.build(config, build_tokenizer(config))
+  task_set = tasks.build(config, build_tokenizer(config.tokenizer, config.model.hf_path))
   env, states = task_set.test_env, task_set.test_states
   name, labels = env.eval_groups(states)
   rows = []

@@ -23,8 +23,8 @@ def export_hf(workdir: str, out: str, step: int | None = None, config=None) -> d
   from tree_rl.train import model_with, restore_params
 
   config = config if config is not None else eval_config(workdir)
-  tokenizer = build_tokenizer(config)
-  model, model_config = build_model(config, tokenizer, seed=int(config.seed))
+  tokenizer = build_tokenizer(config.tokenizer, config.model.hf_path)
+  model, model_config = build_model(config.model, tokenizer, seed=int(config.seed))
   step, params = restore_params(make_train_step(config, model), workdir, step, tokenizer)
   save_hf_checkpoint(model_with(model, params), model_config, out)
   tokenizer.hf_tokenizer().save_pretrained(out)

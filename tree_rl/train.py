@@ -55,8 +55,8 @@ class Parts:
 
 def build_parts(config) -> Parts:
   validate(config)
-  tokenizer = build_tokenizer(config)
-  model, model_config = build_model(config, tokenizer, seed=int(config.seed))
+  tokenizer = build_tokenizer(config.tokenizer, config.model.hf_path)
+  model, model_config = build_model(config.model, tokenizer, seed=int(config.seed))
   task_set = tasks.build(config, tokenizer)
   try:
     method, engine, layout = rollout_build.make_training_engine(config, task_set.train_env, tokenizer)
@@ -232,7 +232,10 @@ def _rollouts(parts: Parts, cache, step: int, position: int):
       rows = np.arange(out.leaf.shape[0])
       if dynamic:
         rows = np.nonzero(from_rollout.informative_groups(out))[0][:mine - kept]
-      trees += from_rollout.rollout_trees(config, out, eot, prompts=rows)
+      trees += from_rollout.rollout_trees(
+          config.learner, out, max_turns=int(config.rollout.max_turns),
+          max_tokens_per_turn=int(config.rollout.max_tokens_per_turn), end_of_turn_id=eot,
+          prompts=rows)
       kept += len(rows)
     missing = hosts.agree_max({"missing": mine - kept})["missing"]
   stats = merge_statistics([out.stats for out in first])
@@ -259,7 +262,9 @@ def rl_step(parts: Parts, train_state, ref_params, cache, step: int, position: i
   cache = sampling.free(cache)   # the KV pool is not resident while the learner runs
   rollout_s = time.perf_counter() - t0
   t1 = time.perf_counter()
-  batches = from_rollout.make_batches(config, trees, parts.train_step.row_multiple)
+  batches = from_rollout.make_batches(config.learner, trees,
+                                      minibatches=int(config.train.minibatches),
+                                      row_multiple=parts.train_step.row_multiple)
   # A batch is one update: one array batch, or a list of fixed-shape micro-batches.
   each = lambda fn: [[fn(m) for m in b] if isinstance(b, list) else fn(b) for b in batches]  # noqa: E731
   tokens = sum(int(np.sum(np.asarray(m.loss_mask))) for b in batches
@@ -538,7 +543,7 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
       at_step[0] = 0
       console.write(f"warm start: no check met the target; attempt {attempt + 1} of "
                     f"{int(config.warmstart.attempts)} from a fresh init")
-      return build_model(config, parts.tokenizer, seed=_attempt_seed(config, attempt))[0]
+      return build_model(config.model, parts.tokenizer, seed=_attempt_seed(config, attempt))[0]
   params, stats = warm_start(config, parts.model, parts.tokenizer, parts.tasks.train_env, key,
                              evaluate=evaluate, fresh_model=fresh_model)
   stats = {k: v for k, v in stats.items() if k != "loss"} | {

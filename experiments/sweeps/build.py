@@ -172,7 +172,7 @@ def _make_engine_parts(config):
   from tree_rl.models import build_tokenizer
   from tree_rl.rollout import build as rollout_build
 
-  tokenizer = build_tokenizer(config)
+  tokenizer = build_tokenizer(config.tokenizer, config.model.hf_path)
   env = envs.from_config(config, tokenizer)
   _, engine, layout = rollout_build.make_training_engine(config, env, tokenizer)
   return engine, layout

@@ -79,7 +79,7 @@ def test_a_job_waits_while_another_prepares_the_data_dir(tmp_path):
   with open(tmp_path / ".tree_rl_prepare.lock", "a") as other_job:
     fcntl.flock(other_job, fcntl.LOCK_EX)
     worker = threading.Thread(
-        target=lambda: built.update(t=tasks.build(config, build_tokenizer(config))))
+        target=lambda: built.update(t=tasks.build(config, build_tokenizer(config.tokenizer))))
     worker.start()
     worker.join(timeout=3.0)
     assert worker.is_alive() and not (tmp_path / "frozen_lake_maps").exists()

@@ -47,9 +47,9 @@ def test_the_knob_is_a_config_field_that_round_trips_and_reaches_the_estimator(t
   assert (c.learner.advantage, c.learner.scale) == ("toy_scaled", 3.0)
   out = _output(rewards=[[1.0, 0.0], [0.5, 0.25]], valid=[[True, True], [True, False]])
   # 3 * (r - 0.5) on the valid leaves, 0 on the dropped one
-  np.testing.assert_allclose(np.asarray(from_rollout.advantages(c, out)), [1.5, -1.5, 0.0, 0.0])
+  np.testing.assert_allclose(np.asarray(from_rollout.advantages(c.learner, out, max_turns=c.rollout.max_turns)), [1.5, -1.5, 0.0, 0.0])
   c.learner.scale = 1.0
-  np.testing.assert_allclose(np.asarray(from_rollout.advantages(c, out)), [0.5, -0.5, 0.0, 0.0])
+  np.testing.assert_allclose(np.asarray(from_rollout.advantages(c.learner, out, max_turns=c.rollout.max_turns)), [0.5, -0.5, 0.0, 0.0])
 
 
 def test_gigpo_declares_its_step_knobs():

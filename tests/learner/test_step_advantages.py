@@ -193,7 +193,9 @@ def test_overlong_shaping_of_a_hand_tree_takes_off_at_most_the_scale():
                             ("penalize", [0.0, 1.0, 0.0], [1, 1, 1]),
                             ("mask", [0.3125, 1.0, 0.0], [0, 1, 1])):
     c.learner.overlong_truncated = mode
-    reward, trainable = from_rollout.shaped_rewards(c, _hand_tree(), end_of_turn_id=9)
+    reward, trainable = from_rollout.shaped_rewards(
+        c.learner, _hand_tree(), max_turns=c.rollout.max_turns,
+        max_tokens_per_turn=c.rollout.max_tokens_per_turn, end_of_turn_id=9)
     np.testing.assert_allclose(reward, [want], atol=1e-6)
     np.testing.assert_array_equal(trainable, [np.asarray(train, bool)])
 

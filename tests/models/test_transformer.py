@@ -108,7 +108,7 @@ def test_built_model_init_is_one_program_with_the_eager_init_weights():
   config.model.preset = "tiny"
   tok = BuiltinTokenizer()
   before, _ = compile_cache.programs_built()
-  model, cfg = build_model(config, tok, seed=5)
+  model, cfg = build_model(config.model, tok, seed=5)
   assert compile_cache.programs_built()[0] - before <= 1
   eager = Transformer(cfg, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(5))
   got = jax.tree.leaves(nnx.state(model, nnx.Param))

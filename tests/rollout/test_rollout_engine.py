@@ -238,7 +238,7 @@ def test_a_task_drawn_twice_gets_two_advantage_groups():
   per_copy = np.stack([norm(r[0]), norm(r[1])])
   pooled = norm(r.reshape(-1)).reshape(r.shape)
   assert not np.allclose(per_copy, pooled)              # the two groupings differ here
-  adv = np.asarray(advantages(cfg, out)).reshape(r.shape)
+  adv = np.asarray(advantages(cfg.learner, out, max_turns=cfg.rollout.max_turns)).reshape(r.shape)
   np.testing.assert_allclose(adv, per_copy, atol=1e-5)
   assert sorted(t.group_id for t in train_trees(out, adv)) == [0, 1]
   shared = out.replace(tree=out.tree.replace(prompt_id=jnp.asarray(tasks)))   # the old ids

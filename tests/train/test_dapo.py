@@ -141,7 +141,8 @@ def test_clipping_binds_after_the_first_minibatch(data_dir, monkeypatch):
   state = parts.train_step.init()
   cache = train.new_cache(parts, state.params)
   trees, _, cache, _ = train._rollouts(parts, cache, step=0, position=0)
-  batches = from_rollout.make_batches(c, trees, parts.train_step.row_multiple)
+  batches = from_rollout.make_batches(c.learner, trees, minibatches=int(c.train.minibatches),
+                                      row_multiple=parts.train_step.row_multiple)
   assert len(batches) == 2   # one prompt's group each
   state, first = parts.train_step(state, batches[0])
   state, second = parts.train_step(state, batches[1])

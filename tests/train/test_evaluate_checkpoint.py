@@ -57,7 +57,7 @@ def test_eval_of_a_checkpoint_is_reproducible_and_matches_the_log(tmp_path, data
 
   # --maps: the held-out maps written as gymnasium JSON give the logged numbers again (the same
   # maps, in the same order, so the same keys); a malformed file is refused in one line
-  held_out = tasks.build(config, build_tokenizer(config)).test_states
+  held_out = tasks.build(config, build_tokenizer(config.tokenizer)).test_states
   maps = [{"rows": rows_of(*(np.asarray(x)[i] for x in (held_out.tiles, held_out.nrow,
                                                          held_out.ncol, held_out.start)))}
           for i in range(8)]
@@ -97,8 +97,8 @@ def _greedy_matches_transformers(config, workdir, out, new=8):
   from tree_rl.models import build_model, build_tokenizer
   from tree_rl.train import model_with, restore_params
 
-  tok = build_tokenizer(config)
-  model, _ = build_model(config, tok)
+  tok = build_tokenizer(config.tokenizer, config.model.hf_path)
+  model, _ = build_model(config.model, tok)
   _, params = restore_params(make_train_step(config, model), workdir, 2)
   policy = model_with(model, params)
   hf_tok = AutoTokenizer.from_pretrained(out, local_files_only=True)

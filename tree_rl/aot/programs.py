@@ -186,8 +186,8 @@ class StepPrograms:
   def __init__(self, config, devices: list):
     self.config = config
     self.devices = devices
-    self.tokenizer = build_tokenizer(config)
-    self.model, self.model_config = abstract_model(config, self.tokenizer)
+    self.tokenizer = build_tokenizer(config.tokenizer, config.model.hf_path)
+    self.model, self.model_config = abstract_model(config.model, self.tokenizer)
     env = envs.from_config(config, self.tokenizer)
     self.env = env
     self.method, self.engine, layout = rollout_build.make_training_engine(config, env,
@@ -356,7 +356,9 @@ class StepPrograms:
   def learner_batches(self) -> list:
     """The step's learner batches (host arrays) for the synthetic trees."""
     trees = chain_trees(self.shape, self.model_config.vocab_size)
-    return from_rollout.make_batches(self.config, trees, self.train_step.row_multiple)
+    return from_rollout.make_batches(self.config.learner, trees,
+                                     minibatches=int(self.config.train.minibatches),
+                                     row_multiple=self.train_step.row_multiple)
 
   def learner_programs(self) -> list[Program]:
     batches = self.learner_batches()
@@ -539,7 +541,7 @@ def _checkpoint_shape(sp: "StepPrograms", name: str):
     raise ValueError(f"config.scorer.{name}_hf_path must name a local checkpoint when "
                      f"{name}_model=hf")
   c.model.preset, c.model.hf_path = "hf", path
-  return abstract_model(c, sp.tokenizer)
+  return abstract_model(c.model, sp.tokenizer)
 
 
 def _weight_bytes(weights, tensor: int) -> float:

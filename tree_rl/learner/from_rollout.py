@@ -67,23 +67,24 @@ def leaf_lengths(out, end_of_turn_id: int, max_tokens_per_turn: int
   return gen, trunc
 
 
-def shaped_rewards(config, out, end_of_turn_id: int | None = None
-                   ) -> tuple[np.ndarray, np.ndarray]:
+def shaped_rewards(lc, out, *, max_turns: int, max_tokens_per_turn: int,
+                   end_of_turn_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
   """(rewards [P, L] after overlong shaping, trainable [P, L]): the outcome rewards, and False
-  where `overlong_truncated=mask` masks a truncated leaf. Unchanged when shaping is off."""
+  where `overlong_truncated=mask` masks a truncated leaf. Unchanged when shaping is off.
+  lc: config.learner; the rollout's turn limit and reply size bound a trajectory's tokens."""
   reward = np.asarray(out.reward, np.float32)
   train = np.ones(reward.shape, bool)
-  frac = float(config.learner.overlong_window)
+  frac = float(lc.overlong_window)
   if frac <= 0:
     return reward, train
   if end_of_turn_id is None:
     raise ValueError("overlong shaping needs the tokenizer's end_of_turn_id")
-  per_turn = int(config.rollout.max_tokens_per_turn)
-  limit = int(config.rollout.max_turns) * per_turn
+  per_turn = int(max_tokens_per_turn)
+  limit = int(max_turns) * per_turn
   gen, trunc = leaf_lengths(out, end_of_turn_id, per_turn)
-  scale = float(config.learner.overlong_penalty)
+  scale = float(lc.overlong_penalty)
   reward = reward + overlong_penalty(gen, limit, frac * limit, scale)
-  mode = config.learner.overlong_truncated
+  mode = lc.overlong_truncated
   if mode == "penalize":
     reward = np.where(trunc, np.asarray(out.reward, np.float32) - scale, reward)
   elif mode == "mask":
@@ -125,17 +126,16 @@ def step_inputs(out, max_turns: int) -> advantage_lib.StepInputs:
   return _step_inputs(out.tree, out.leaf, out.state_key, int(max_turns))
 
 
-def advantages(config, out, rewards=None) -> jax.Array:
-  """Advantages of `config.learner.advantage` (its knobs read from `config.learner`) in
+def advantages(lc, out, rewards=None, *, max_turns: int) -> jax.Array:
+  """Advantages of `lc.advantage` (lc: config.learner, which holds its knobs) in
   `advantage_inputs` order: [P*L] per leaf, or [P*L, max_turns] per turn for a step-level
   estimator or `learner.shared_advantage=mean`.
   Computed in one jitted program per rollout shape (estimators are traced, so a registered one
   must be jittable, as every built-in is)."""
-  lc = config.learner
   rewards = out.reward if rewards is None else jnp.asarray(rewards, jnp.float32)
   knobs = tuple((k, _static(lc[k])) for k in sorted(advantage_lib.knobs(lc.advantage)))
   return _advantages(out.replace(reward=rewards, stats={}), lc.advantage,
-                     lc.shared_advantage == "mean", int(config.rollout.max_turns),
+                     lc.shared_advantage == "mean", int(max_turns),
                      float(lc.adv_eps), knobs)
 
 
@@ -206,8 +206,10 @@ def train_trees(out, leaf_advantages, trainable=None, prompts=None) -> list[Trai
   return trees
 
 
-def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
-  """Learner batches for one step: the prompts' trees split into `train.minibatches` groups,
+def make_batches(lc, trees: list[TrainTree], *, minibatches: int = 1, row_multiple: int = 1
+                 ) -> list:
+  """Learner batches for one step (lc: config.learner): the prompts' trees split into
+  `minibatches` groups (`train.minibatches`),
   each packed (learner.packed) or materialised per leaf, with rows, lengths and nodes in
   `fine_bucket`s (at most a third padding, few shapes; rows then rounded up to a multiple of
   `row_multiple`: `TrainStep.row_multiple`), so the update compiles once per bucket.
@@ -226,7 +228,7 @@ def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
   procs = hosts.count()
   multiple = max(row_multiple // procs, 1) if row_multiple % procs == 0 else row_multiple
   rows_for = lambda n: -(-fine_bucket(n) // multiple) * multiple  # noqa: E731
-  n = int(config.train.minibatches)
+  n = int(minibatches)
   groups = sorted({t.group_id for t in trees})
   chunks = [groups[i::n] for i in range(n)]
   batches = []
@@ -234,17 +236,17 @@ def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
     members = [t for t in trees if t.group_id in set(chunk)]
     if procs == 1 and not members:
       continue
-    if int(config.learner.row_tokens):
-      batch = _fixed_microbatches(config, members, procs, multiple)
-    elif config.learner.packed:
+    if int(lc.row_tokens):
+      batch = _fixed_microbatches(lc, members, procs, multiple)
+    elif lc.packed:
       shape = hosts.agree_max({
           "seq": fine_bucket(max([len(t.tokens) for t in members] or [1]), 64),
           "nodes": fine_bucket(max([t.num_nodes for t in members] or [1]), 8),
           "rows": rows_for(max(len(members), 1))})
       totals = global_totals(members) if procs > 1 else batch_totals(members)
       batch = pack_trees(members, shape["seq"], shape["nodes"],
-                         aggregation=config.learner.aggregation, rows=shape["rows"],
-                         block=int(config.learner.attention_block), totals=totals)
+                         aggregation=lc.aggregation, rows=shape["rows"],
+                         block=int(lc.attention_block), totals=totals)
       width = batch.kv_blocks.shape[2]
       agreed = hosts.agree_max({"kv_blocks": width})["kv_blocks"]
       if agreed > width:   # another process's rows see more key blocks: pad to the same width
@@ -261,14 +263,13 @@ def make_batches(config, trees: list[TrainTree], row_multiple: int = 1) -> list:
   return batches
 
 
-def _fixed_microbatches(config, members: list[TrainTree], procs: int, multiple: int) -> list:
+def _fixed_microbatches(lcfg, members: list[TrainTree], procs: int, multiple: int) -> list:
   """`pack_microbatches` of one minibatch on this process: learner.microbatch_rows / procs rows
   (rounded up to a multiple of the batch shards each process feeds), as many micro-batches as
   the most any process needs. Key-block lists are as wide as a row has blocks (the blocks a
   query block does not see are masked), so every step runs one program."""
   from tree_rl import hosts
   from tree_rl.learner.batches import batch_totals, global_totals
-  lcfg = config.learner
   kw = dict(aggregation=lcfg.aggregation, per_leaf=not lcfg.packed,
             block=int(lcfg.attention_block),
             max_kv_blocks=int(lcfg.row_tokens) // int(lcfg.attention_block),
@@ -282,9 +283,10 @@ def _fixed_microbatches(config, members: list[TrainTree], procs: int, multiple: 
   return out
 
 
-def rollout_trees(config, out, end_of_turn_id: int | None = None, prompts=None
-                  ) -> list[TrainTree]:
-  """A rollout's training trees: shaped rewards, advantages, `train_trees` (of `prompts`).
+def rollout_trees(lc, out, *, max_turns: int, max_tokens_per_turn: int,
+                  end_of_turn_id: int | None = None, prompts=None) -> list[TrainTree]:
+  """A rollout's training trees (lc: config.learner): shaped rewards, advantages, `train_trees`
+  (of `prompts`).
 
   Every prompt of the rollout is its own group, so its `prompt_id`s must be distinct (a task
   drawn twice gets two ids: `train._prompt_batch`)."""
@@ -292,11 +294,20 @@ def rollout_trees(config, out, end_of_turn_id: int | None = None, prompts=None
   if len(np.unique(ids)) < len(ids):
     raise ValueError(f"rollout prompt ids {ids.tolist()} repeat: the copies would share one "
                      "advantage group; give every prompt of a batch its own id")
-  rewards, trainable = shaped_rewards(config, out, end_of_turn_id)
-  return train_trees(out, advantages(config, out, rewards), trainable, prompts)
+  rewards, trainable = shaped_rewards(lc, out, max_turns=max_turns,
+                                      max_tokens_per_turn=max_tokens_per_turn,
+                                      end_of_turn_id=end_of_turn_id)
+  return train_trees(out, advantages(lc, out, rewards, max_turns=max_turns), trainable, prompts)
 
 
 def learner_batches(config, out, row_multiple: int = 1, end_of_turn_id: int | None = None
                     ) -> list:
-  """A rollout's learner batches: `rollout_trees`, then bucketed `make_batches`."""
-  return make_batches(config, rollout_trees(config, out, end_of_turn_id), row_multiple)
+  """A rollout's learner batches: `rollout_trees`, then bucketed `make_batches`, under the
+  config's learner, rollout limits and `train.minibatches` (the whole config: a convenience for
+  tests and notebooks)."""
+  r = config.rollout
+  trees = rollout_trees(config.learner, out, max_turns=int(r.max_turns),
+                        max_tokens_per_turn=int(r.max_tokens_per_turn),
+                        end_of_turn_id=end_of_turn_id)
+  return make_batches(config.learner, trees, minibatches=int(config.train.minibatches),
+                      row_multiple=row_multiple)

@@ -21,14 +21,15 @@ def _dtype(name: str, field: str):
   return DTYPES[name]
 
 
-def build_tokenizer(config) -> Tokenizer:
-  """config.tokenizer: builtin, or a local HF directory (defaults to config.model.hf_path)."""
-  return make_tokenizer(config.tokenizer.kind, config.tokenizer.path or config.model.hf_path)
+def build_tokenizer(tc, model_path: str = "") -> Tokenizer:
+  """tc: config.tokenizer: builtin, or a local HF directory (`tc.path`, else `model_path`: the
+  model's config.model.hf_path)."""
+  return make_tokenizer(tc.kind, tc.path or model_path)
 
 
-def build_model(config, tokenizer: Tokenizer, seed: int = 0) -> tuple[Transformer, ModelConfig]:
-  """config.model.preset: tiny/small (random init sized to the tokenizer) or hf (local checkpoint)."""
-  m = config.model
+def build_model(m, tokenizer: Tokenizer, seed: int = 0) -> tuple[Transformer, ModelConfig]:
+  """m: config.model; its preset: tiny/small (random init sized to the tokenizer) or hf (local
+  checkpoint)."""
   dtype, param_dtype = _dtype(m.dtype, "dtype"), _dtype(m.param_dtype, "param_dtype")
   if m.preset == "hf":
     if not m.hf_path:
@@ -43,10 +44,9 @@ def build_model(config, tokenizer: Tokenizer, seed: int = 0) -> tuple[Transforme
   return _random_init(cfg, dtype, param_dtype, int(seed)), cfg
 
 
-def abstract_model(config, tokenizer: Tokenizer) -> tuple[Transformer, ModelConfig]:
-  """The model `config.model` names as shapes only (`nnx.eval_shape`: no weight allocated or
-  drawn), for compiling programs ahead of time; a preset, or `hf` read from its config.json."""
-  m = config.model
+def abstract_model(m, tokenizer: Tokenizer) -> tuple[Transformer, ModelConfig]:
+  """The model `m` (config.model) names as shapes only (`nnx.eval_shape`: no weight allocated
+  or drawn), for compiling programs ahead of time; a preset, or `hf` read from its config.json."""
   dtype, param_dtype = _dtype(m.dtype, "dtype"), _dtype(m.param_dtype, "param_dtype")
   if m.preset == "hf":
     import json

@@ -85,9 +85,9 @@ def main(argv=None):
     c.warmstart[k] = getattr(args, k)
   w = c.warmstart
   warmstart.validate(w)
-  tok = build_tokenizer(c)
+  tok = build_tokenizer(c.tokenizer, c.model.hf_path)
   env = envs.from_config(c, tokenizer=tok)
-  model, _ = build_model(c, tok, seed=args.seed)
+  model, _ = build_model(c.model, tok, seed=args.seed)
   key = jax.random.key(args.seed)
   k_demo, k_eval, k_train = jax.random.split(key, 3)
   gen = warmstart.DemoGenerator(env, tok, warmstart.make_expert(args.env, env, w.epsilon),
