@@ -55,8 +55,8 @@ def base_config(imports: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
   for module in imports:
     importlib.import_module(module)
   c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.imports = tuple(imports)   # modules registering components this config names (see above)
+  c.seed = 0                   # init, warm start, eval and (rl_seed -1) RL steps
+  c.imports = tuple(imports)   # modules imported first: their components' fields join the schema
 
   c.model = dict(
       preset="tiny",            # tiny | small | hf
@@ -71,7 +71,7 @@ def base_config(imports: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
   c.env = dict(
       name="frozenlake",        # a name in tree_rl.envs' registry
       preset="rllm",            # env preset (frozenlake: rllm | rllm_small | ragen; toolcall: default)
-      data_dir="",              # TFDS dir of prepared task sets (map sets, KB, ...); "" = generate from data_seed
+      data_dir="",              # TFDS dir of prepared task sets (map sets, KB, ...); "" = ~/tensorflow_datasets (prepared there from data_seed when missing)
       data_seed=42,             # seed of the fixed FrozenLake map sets (rLLM: 42) and of the toolcall KB
                                 # (+ every registered env's own fields, e.g. frozenlake's goal_hint)
   )
@@ -93,9 +93,9 @@ def base_config(imports: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
       prompts_per_rollout=0,    # prompts rolled out together: a step runs prompts_per_step / this
                                 # rollouts in turn and the KV pool holds one (0: all at once)
       max_tokens_per_turn=64,   # new tokens per agent turn
-      temperature=1.0,
+      temperature=1.0,          # sampling temperature; the learner trains softmax(logits / temperature)
       top_k=0,                  # 0 disables top-k
-      top_p=1.0,
+      top_p=1.0,                # 1 disables top-p (training refuses top-k / top-p filters)
       max_turns=10,             # agent turns per episode and tree depth limit (the env's max_turns)
                                 # (+ every registered method's own fields, e.g. patr's score_every)
       budget=0,                 # per-prompt budget in budget_unit; 0 = unlimited
@@ -132,7 +132,7 @@ def base_config(imports: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
       kl_coef=0.001,            # k3 KL-to-reference coefficient (0 disables)
       entropy_coef=0.0,         # entropy bonus coefficient (0 disables)
       log_entropy=True,         # compute the policy entropy metric (one more pass over the logits)
-      learning_rate=1e-6,
+      learning_rate=1e-6,       # AdamW peak learning rate
       lr_schedule="constant",   # constant | cosine (after warm-up)
       warmup_steps=0,           # linear learning-rate warm-up steps
       total_steps=400,          # schedule length (cosine decay ends here)
@@ -154,7 +154,7 @@ def base_config(imports: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
   )
   c.mesh = dict(
       shape=(-1, 1, 1),         # devices along (data, fsdp, tensor); -1 fills the rest
-      axis_names=("data", "fsdp", "tensor"),
+      axis_names=("data", "fsdp", "tensor"),  # names of the mesh axes, in shape's order
       distributed=False,        # call jax.distributed.initialize (multi-host)
       coordinator_address="",   # host:port of process 0 ("" lets the cluster environment decide)
       num_processes=0,          # processes in the job (0: from the cluster environment)
@@ -182,9 +182,9 @@ def base_config(imports: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
       keep=3,                   # last N checkpoints kept (plus the best by eval)
   )
   c.logging = dict(
-      every_steps=1,
-      tensorboard=True,
-      progress_bar=True,
+      every_steps=1,            # write metrics every N RL steps
+      tensorboard=True,         # also write TensorBoard event files
+      progress_bar=True,        # a progress bar on the console (process 0)
   )
   c.warmstart = dict(
       enabled=True,             # supervised warm start on expert demos before RL (off for a pretrained checkpoint)

@@ -178,3 +178,13 @@ def test_config_validation_names_field_and_known_values():
   with pytest.raises(ValueError, match="microbatches|rows"):
     run(config((8, 1, 1), microbatches=4),
         batches.pack_trees(trees(), seq_len=40, max_nodes=12, rows=16))
+
+
+def test_the_kl_metric_is_logged_only_with_its_term(packed):
+  one = jax.devices()[:1]
+  _, _, with_kl = run(config(), packed, devices=one)
+  _, _, without = run(config(kl_coef=0.0), packed, devices=one)   # no reference log-probs: nothing to compare
+  assert "kl" in with_kl and "kl" not in without
+  # the same first update less the KL term: loss = pg + kl_coef * KL
+  assert without["loss"] == pytest.approx(with_kl["loss"] - 0.05 * with_kl["kl"], rel=1e-4, abs=1e-6)
+  assert without["pg_loss"] == pytest.approx(with_kl["pg_loss"], rel=1e-5, abs=1e-7)

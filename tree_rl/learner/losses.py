@@ -17,7 +17,7 @@ trained one by one.
 Aggregation modes (`AGGREGATIONS`):
 - traj_mean             1/|tau_i| over the trajectory's loss tokens, then mean over valid trajectories
 - traj_mean_group_mean  1/|tau_i| per trajectory, mean within each group, then mean over groups
-                        (REFERENCE 2: 1/G sum_i 1/|tau_i| sum_t ..., for one or more equal groups)
+                        (PATR's objective: 1/G sum_i 1/|tau_i| sum_t ..., for one or more equal groups)
 - token_mean            mean over every loss token of the batch
 - token_sum             plain sum over loss tokens
 """

@@ -171,7 +171,8 @@ class TrainStep:
     need_entropy = bool(lcfg.log_entropy or lcfg.entropy_coef)
     logp, ent = self._logprobs(params, mb, need_entropy)
     return losses.weighted_policy_loss(
-        logp, mb["old_logp"], mb["pos"], mb["neg"], mb["weight"], ref_logp=mb["ref_logp"],
+        logp, mb["old_logp"], mb["pos"], mb["neg"], mb["weight"],
+        ref_logp=mb["ref_logp"] if lcfg.kl_coef else None,   # unfilled without the KL term
         entropy=ent if need_entropy else None, clip_low=lcfg.clip_low, clip_high=lcfg.clip_high,
         kl_coef=lcfg.kl_coef, entropy_coef=lcfg.entropy_coef, dual_clip=float(lcfg.dual_clip))
 
