@@ -354,7 +354,7 @@ def _train_and_evaluate(config, workdir: str, parts: Parts, start: tuple[int, fl
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
   # a computed warm start (step 0) is kept: the run's reference point, which other methods of
-  # one seed start from (experiments/reports/run_frozenlake_methods.py)
+  # one seed start from (experiments/reports/run_reproductions.py)
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=int(config.checkpoint.keep),
                       best_metric="eval/greedy_success",
                       keep_steps=(0,) if _warm_starts(config) else ())

@@ -1,5 +1,5 @@
 """The report sweeps: which runs `experiments/reports/make_report.py` turns into a report
-(`experiments/reports/run_frozenlake_methods.py` runs them, one warm start per seed).
+(`experiments/reports/run_reproductions.py` runs them, one warm start per seed).
 
 `frozenlake_methods`: every compared algorithm (`tree_rl.algorithms.compared()`, in the reports'
 order) on the default FrozenLake config, three seeds each.

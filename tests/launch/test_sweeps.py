@@ -246,7 +246,7 @@ def test_toolcall_reproduction_runs_chain_and_trees_on_the_testbed():
 
 
 def test_runs_of_one_seed_across_report_sweeps_can_share_one_warm_start():
-  # run_frozenlake_methods copies the first run's step-0 checkpoint into the others of its seed:
+  # run_reproductions copies the first run's step-0 checkpoint into the others of its seed:
   # valid only where everything the warm start reads is equal.
   runs = sweeps.get("frozenlake_reproduction").runs([1]) + sweeps.get("frozenlake_ablations").runs([1])
   configs = check_all(runs)

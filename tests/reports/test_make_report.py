@@ -281,7 +281,7 @@ def test_mixed_envs_are_refused(tmp_path):
 
 
 def test_cli_end_to_end(tmp_path):
-  """Run directories -> summaries CLI -> report CLI, as run_frozenlake_methods does."""
+  """Run directories -> summaries CLI -> report CLI, as run_reproductions does."""
   runs, out = str(tmp_path / "sweep"), str(tmp_path / "out")
   for method, gains in (("grpo", (0.0, 0.1, 0.0)), ("tree_random", (0.1, 0.2, 0.15)),
                         ("patr", (0.2, 0.3, 0.25))):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from experiments.reports import run_frozenlake_methods as runner
+from experiments.reports import run_reproductions as runner
 from experiments.reports import summaries
 from experiments.sweeps import build
 from experiments.sweeps.core import Sweep

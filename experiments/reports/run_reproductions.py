@@ -1,7 +1,7 @@
 """Run report sweeps with one warm start per seed, then build the report.
 
-    python -m experiments.reports.run_frozenlake_methods --parallel 2 -- --config.train.num_steps=12
-    python -m experiments.reports.run_frozenlake_methods --sweep frozenlake_reproduction \
+    python -m experiments.reports.run_reproductions --parallel 2 -- --config.train.num_steps=12
+    python -m experiments.reports.run_reproductions --sweep frozenlake_reproduction \
         --sweep frozenlake_ablations --seeds 0 1
 
 The methods of one seed (over every `--sweep` given) start from the same warm-start checkpoint:
