@@ -44,9 +44,10 @@ class _NoBar:
     pass
 
 
-def progress(config, total: int, desc: str, *, initial: int = 0, leave: bool = True, unit="step"):
-  """A tqdm bar when `config.logging.progress_bar` (else one that does nothing)."""
-  if not config.logging.progress_bar:
+def progress(show: bool, total: int, desc: str, *, initial: int = 0, leave: bool = True,
+             unit="step"):
+  """A tqdm bar when `show` (`config.logging.progress_bar`), else one that does nothing."""
+  if not show:
     return _NoBar()
   from tqdm import tqdm
   return tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=leave, dynamic_ncols=True)

@@ -95,8 +95,8 @@ class Evaluator:
     analyses; the metrics do not gather it); and the cache."""
     cols = {k: [] for k in ("reward", "valid", "greedy", "turns", "calls", "generated", "info",
                             "final")}
-    bar = console.progress(self.config, -(-self.num_prompts // self.chunk), "eval", leave=False,
-                           unit="chunk")
+    bar = console.progress(self.config.logging.progress_bar, -(-self.num_prompts // self.chunk),
+                           "eval", leave=False, unit="chunk")
     for lo in range(0, self.num_prompts, self.chunk):
       bar.update(1)
       mine = lo + hosts.index() * self.local + np.arange(self.local)

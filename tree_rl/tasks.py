@@ -57,8 +57,9 @@ def _take(states, idx):
   return jax.tree.map(lambda x: x[idx], states)
 
 
-def data_dir(config) -> str:
-  return config.env.data_dir or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
+def data_dir(env_config) -> str:
+  """`config.env.data_dir`, or TFDS's default directory."""
+  return env_config.data_dir or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
 
 
 def build(config, tokenizer) -> TaskSet:
@@ -66,7 +67,7 @@ def build(config, tokenizer) -> TaskSet:
   tfds.disable_progress_bar()
   from tree_rl import hosts
   make = envs.entry(config.env.name).part("tasks")
-  directory = data_dir(config)
+  directory = data_dir(config.env)
 
   def prepare_and_load():
     with preparing(directory):

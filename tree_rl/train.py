@@ -395,7 +395,7 @@ def _train_and_evaluate(config, workdir: str, parts: Parts, start: tuple[int, fl
   num_steps = int(config.train.num_steps)
   since = lambda: [a - b for a, b in zip(compile_cache.programs_built(), start)]  # noqa: E731
   before_rl = since()
-  bar = console.progress(config, num_steps, "RL steps", initial=step)
+  bar = console.progress(config.logging.progress_bar, num_steps, "RL steps", initial=step)
   last_eval = None
   with _StopRequest() as stop:
     while step < num_steps and not stop.requested:
@@ -544,8 +544,10 @@ def _warm_start(parts: Parts) -> tuple[Any, dict]:
       console.write(f"warm start: no check met the target; attempt {attempt + 1} of "
                     f"{int(config.warmstart.attempts)} from a fresh init")
       return build_model(config.model, parts.tokenizer, seed=_attempt_seed(config, attempt))[0]
-  params, stats = warm_start(config, parts.model, parts.tokenizer, parts.tasks.train_env, key,
-                             evaluate=evaluate, fresh_model=fresh_model)
+  params, stats = warm_start(config.warmstart, parts.model, parts.tokenizer,
+                             parts.tasks.train_env, key, env_name=config.env.name,
+                             evaluate=evaluate, fresh_model=fresh_model,
+                             progress_bar=config.logging.progress_bar)
   stats = {k: v for k, v in stats.items() if k != "loss"} | {
       "first_loss": stats["loss"][0] if stats["loss"] else None,
       "last_loss": stats["loss"][-1] if stats["loss"] else None}

@@ -50,7 +50,8 @@ def test_warm_start_early_stop_and_api(tok, small_env):
     seen.append(params)
     return [0.0, 0.75, 1.0][len(seen) - 1]
 
-  params, stats = warmstart.warm_start(c, model, tok, small_env, jax.random.key(0), evaluate=evaluate)
+  params, stats = warmstart.warm_start(c.warmstart, model, tok, small_env, jax.random.key(0),
+      env_name="frozenlake", evaluate=evaluate)
   assert stats["steps"] == 4 and stats["stopped_early"] and stats["evals"] == [(2, 0.0), (4, 0.75)]
   assert len(stats["loss"]) == 4 and all(np.isfinite(stats["loss"]))
   assert stats["demo_success"] > 0.5 and 0 < stats["demo_tokens"] <= 136
@@ -65,7 +66,8 @@ def test_warm_start_early_stop_and_api(tok, small_env):
   assert not np.array_equal(np.asarray(model.embed[...]), original["embed"])
 
   c.warmstart.enabled = False
-  params, stats = warmstart.warm_start(c, model, tok, small_env, jax.random.key(0))
+  params, stats = warmstart.warm_start(c.warmstart, model, tok, small_env, jax.random.key(0),
+      env_name="frozenlake")
   assert stats["steps"] == 0
 
 
@@ -75,7 +77,8 @@ def test_warm_start_early_stop_and_api(tok, small_env):
 def test_bad_config_names_the_field(tok, small_env, field, value):
   c = _config(**{field: value})
   with pytest.raises(ValueError, match=f"warmstart.{field}"):
-    warmstart.warm_start(c, _model(tok), tok, small_env, jax.random.key(0))
+    warmstart.warm_start(c.warmstart, _model(tok), tok, small_env, jax.random.key(0),
+      env_name="frozenlake")
 
 
 def test_warm_start_keeps_the_best_check_when_the_target_is_missed(tok, small_env):
@@ -90,7 +93,8 @@ def test_warm_start_keeps_the_best_check_when_the_target_is_missed(tok, small_en
     seen.append(jax.tree.map(np.array, params))
     return [0.5, 0.25, 0.5, 0.4][len(seen) - 1]   # best at steps 2 and 6: step 6's come back
 
-  params, stats = warmstart.warm_start(c, _model(tok), tok, small_env, jax.random.key(0),
+  params, stats = warmstart.warm_start(c.warmstart, _model(tok), tok, small_env, jax.random.key(0),
+      env_name="frozenlake",
                                        evaluate=evaluate)
   assert stats["steps"] == 8 and not stats["stopped_early"] and stats["returned_step"] == 6
   same = jax.tree.map(lambda a, b: np.array_equal(a, np.asarray(b)), seen[2], params)
@@ -113,7 +117,8 @@ def test_stop_window_does_not_stop_on_one_lucky_check(tok, small_env):
     seen.append(jax.tree.map(np.array, params))
     return [0.85, 0.5, 0.85, 0.8, 0.9, 0.9][len(seen) - 1]
 
-  params, stats = warmstart.warm_start(c, _model(tok), tok, small_env, jax.random.key(0),
+  params, stats = warmstart.warm_start(c.warmstart, _model(tok), tok, small_env, jax.random.key(0),
+      env_name="frozenlake",
                                        evaluate=evaluate)
   assert stats["stopped_early"] and stats["steps"] == 8 and len(seen) == 4
   assert stats["returned_step"] == 6
@@ -140,7 +145,8 @@ def test_an_attempt_that_misses_the_target_is_redone_from_a_fresh_init(tok, smal
     built.append(attempt)
     return _model(tok, seed=10 + attempt)
 
-  params, stats = warmstart.warm_start(c, _model(tok), tok, small_env, jax.random.key(0),
+  params, stats = warmstart.warm_start(c.warmstart, _model(tok), tok, small_env, jax.random.key(0),
+      env_name="frozenlake",
                                        evaluate=evaluate, fresh_model=fresh_model)
   assert built == [1] and stats["attempt"] == 1 and stats["stopped_early"]
   assert stats["attempt_evals"] == [[(2, 0.5), (4, 0.6)], [(2, 0.3), (4, 0.95)]]
@@ -152,7 +158,8 @@ def test_an_attempt_that_misses_the_target_is_redone_from_a_fresh_init(tok, smal
 
   c.warmstart.attempts = 1
   single = []
-  _, one = warmstart.warm_start(c, _model(tok), tok, small_env, jax.random.key(0),
+  _, one = warmstart.warm_start(c.warmstart, _model(tok), tok, small_env, jax.random.key(0),
+      env_name="frozenlake",
                                 evaluate=lambda p: single.append(jax.tree.map(np.array, p)) or 0.5)
   assert one["attempt"] == 0 and one["attempt_evals"] == [[(2, 0.5), (4, 0.5)]]
   for a, b in zip(single, seen[:2]):
@@ -171,7 +178,8 @@ def test_when_no_attempt_meets_the_target_the_best_check_of_all_comes_back(tok, 
     seen.append(jax.tree.map(np.array, params))
     return next(scores)
 
-  params, stats = warmstart.warm_start(c, _model(tok), tok, small_env, jax.random.key(0),
+  params, stats = warmstart.warm_start(c.warmstart, _model(tok), tok, small_env, jax.random.key(0),
+      env_name="frozenlake",
                                        evaluate=evaluate)   # no fresh_model: same init, new order
   assert stats["attempt"] == 0 and not stats["stopped_early"] and stats["returned_step"] == 2
   assert all(jax.tree.leaves(jax.tree.map(lambda a, b: np.array_equal(a, np.asarray(b)),
@@ -184,4 +192,5 @@ def test_when_no_attempt_meets_the_target_the_best_check_of_all_comes_back(tok, 
     (dict(attempts=2, target_success=1.0), "warmstart.attempts=2 needs checks with a target")])
 def test_bad_attempts_are_refused(tok, small_env, overrides, match):
   with pytest.raises(ValueError, match=match):
-    warmstart.warm_start(_config(**overrides), _model(tok), tok, small_env, jax.random.key(0))
+    warmstart.warm_start(_config(**overrides).warmstart, _model(tok), tok, small_env,
+                         jax.random.key(0), env_name="frozenlake")

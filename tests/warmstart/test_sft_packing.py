@@ -68,7 +68,8 @@ def test_packed_warm_start_trains_on_fewer_rows(tok, small_env):
   c = _config(num_demos=16, max_len=512, steps=3, batch_size=4, pack=True)
   c.unlock()
   c.env.name = "frozenlake"
-  _, stats = warmstart.warm_start(c, _model(tok), tok, small_env, jax.random.key(0))
+  _, stats = warmstart.warm_start(c.warmstart, _model(tok), tok, small_env, jax.random.key(0),
+                                     env_name="frozenlake")
   assert stats["steps"] == 3 and all(np.isfinite(stats["loss"]))
   assert stats["demo_tokens"] < 256 and stats["rows"] < 16, stats["demo_tokens"]
   # packed, the rows hold the demos' tokens with less padding than one demo per 512-token row

@@ -1,6 +1,6 @@
 """Supervised warm start for from-scratch policies: on-device expert demonstrations, then SFT.
 
-    params, stats = warm_start(config, model, tokenizer, env, key, evaluate=None)
+    params, stats = warm_start(config.warmstart, model, tokenizer, env, key, env_name=config.env.name)
 
 An env's expert is registered with the env (`tree_rl.envs.register(name, factory, expert=...)`),
 so a notebook can add one for a new environment.

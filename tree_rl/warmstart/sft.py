@@ -143,12 +143,12 @@ def draw_demos(gen, expert, key, n: int, hard_fraction: float) -> Demos:
   return jax.tree.map(lambda x: x[pick], pool)
 
 
-def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
+def warm_start(w, model: nnx.Module, tokenizer, env, key: jax.Array, *, env_name: str,
                evaluate: Callable[[nnx.State], float] | None = None,
-               fresh_model: Callable[[int], nnx.Module] | None = None
-               ) -> tuple[nnx.State, dict[str, Any]]:
-  """Generate `warmstart.num_demos` expert episodes for `config.env.name` (on device; a host env
-  on the host), then train for `warmstart.steps` SFT updates (fewer once the mean of the last
+               fresh_model: Callable[[int], nnx.Module] | None = None,
+               progress_bar: bool = False) -> tuple[nnx.State, dict[str, Any]]:
+  """Under `w` (config.warmstart): generate `warmstart.num_demos` episodes of the expert that
+  env `env_name` registers (on device; a host env on the host), then train for `warmstart.steps` SFT updates (fewer once the mean of the last
   `warmstart.stop_window` checks, one every `warmstart.eval_every` steps, is >=
   `warmstart.target_success`: a window of 1 stops on the first check that meets it, a longer
   one does not stop on one lucky check). When checks ran, the params of the best check so far
@@ -171,13 +171,12 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   generation and packing, training). The model itself is not changed. With
   `warmstart.enabled=False` the model's Params come back untouched.
   """
-  w = config.warmstart
   validate(w)
   if not w.enabled:
     return nnx.state(model, nnx.Param), dict(loss=[], steps=0, returned_step=0, evals=[],
                                                stopped_early=False)
   t0 = time.perf_counter()
-  expert = make_expert(config.env.name, env, w.epsilon)
+  expert = make_expert(env_name, env, w.epsilon)
   from tree_rl.envs.host import is_host_env
   from tree_rl.warmstart.host_demos import HostDemoGenerator
   make = HostDemoGenerator if is_host_env(env) else DemoGenerator   # a host env plays its expert on the host
@@ -193,7 +192,7 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   for attempt in range(int(w.attempts) if evaluate is not None else 1):
     start = model if attempt == 0 or fresh_model is None else fresh_model(attempt)
     order = k_train if attempt == 0 else jax.random.fold_in(k_train, attempt)
-    tries.append(_train(config, start, rows, order, evaluate))
+    tries.append(_train(w, start, rows, order, evaluate, progress_bar))
     if tries[-1]["stopped_early"]:
       break
   # the attempt that met the target (the last one run), else the best check of all
@@ -213,16 +212,15 @@ def warm_start(config, model: nnx.Module, tokenizer, env, key: jax.Array, *,
   return run["params"], stats
 
 
-def _train(config, model, rows: SFTRows, key, evaluate) -> dict[str, Any]:
+def _train(w, model, rows: SFTRows, key, evaluate, progress_bar: bool) -> dict[str, Any]:
   """One SFT attempt from `model`'s params: up to `warmstart.steps` updates with checks; its
   params (the best check's, or the last step's without checks), best success, loss, evals."""
-  w = config.warmstart
   trainer = SFTTrainer(model, w)
   losses, evals, stopped = [], [], False
   best = None                                     # (success, step, params) of the best check
   n = rows.num_rows
   step = 0
-  bar = console.progress(config, int(w.steps), "warm start")
+  bar = console.progress(progress_bar, int(w.steps), "warm start")
   for step in range(1, int(w.steps) + 1):
     bar.update(1)
     losses.append(trainer.step(rows, trainer.draw(key, step, n)))
