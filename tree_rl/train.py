@@ -84,7 +84,7 @@ def _shards(mesh) -> int:
 def new_cache(parts: Parts, params, extra: list[tuple] = ()):
   """One sampler cache for training rollouts and evaluation (and the `extra` (engine, layout)
   rollouts), bound to `params`."""
-  return capacity.config_cache(parts.config, _to_model(parts, params),
+  return capacity.config_cache(parts.config.sampler, _to_model(parts, params),
                                [(parts.engine, parts.layout)] + parts.evaluator.rollouts()
                                + list(extra), mesh=parts.rollout_mesh)
 

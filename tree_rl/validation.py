@@ -142,7 +142,7 @@ def _check_shards(config) -> None:
          f"whole step in one rollout)")
   if want == 0:
     return
-  procs, tensor = jax.process_count(), tensor_size(config)
+  procs, tensor = jax.process_count(), tensor_size(config.mesh)
   prompts = (per or int(r.prompts_per_step)) // procs
   field = f"prompts_per_rollout={per}" if per else f"prompts_per_step={r.prompts_per_step}"
   _check(prompts % want == 0,

@@ -108,7 +108,7 @@ def test_the_shipped_policy_loads_and_its_heldout_greedy_success_is_the_document
   try:
     evaluator = Evaluator(c, task_set.test_env, task_set.test_states, tok)
     policy = model_with(model, params)
-    cache = capacity.config_cache(c, policy, evaluator.rollouts(), mesh=None)
+    cache = capacity.config_cache(c.sampler, policy, evaluator.rollouts(), mesh=None)
     metrics, _ = evaluator(cache, eval_key(c))
   finally:
     task_set.close()

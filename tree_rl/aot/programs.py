@@ -196,10 +196,10 @@ class StepPrograms:
     r, s = config.rollout, config.sampler
     self.rollout_mesh = capacity.rollout_mesh(config, devices, always=True)
     shards = self.rollout_mesh.shape["data"]
-    self.layout = Layout(capacity.rollout_prompts(config), layout.capacity, layout.slots,
+    self.layout = Layout(capacity.rollout_prompts(config.rollout), layout.capacity, layout.slots,
                          layout.num_trees)
     self.eval_engine, self.eval_layout = self._eval_rollout(env, shards)
-    self.cache = capacity.config_cache(config, self.model,
+    self.cache = capacity.config_cache(config.sampler, self.model,
                                        [(self.engine, self.layout),
                                         (self.eval_engine, self.eval_layout)],
                                        mesh=self.rollout_mesh, abstract=True)

@@ -50,7 +50,7 @@ def make_training_engine(config, env, tokenizer) -> tuple[methods.RolloutMethod,
   engine = make_engine(config, env, tokenizer, entropy_tokens=method.entropy_tokens,
                        entropy_top=method.entropy_top)
   from tree_rl.rollout.capacity import rollout_prompts
-  layout = Layout(rollout_prompts(config), method.capacity(engine.max_turns),
+  layout = Layout(rollout_prompts(config.rollout), method.capacity(engine.max_turns),
                   method.slots, method.num_trees)
   return method, engine, layout
 
@@ -67,5 +67,5 @@ def make_scorer(config, method: methods.RolloutMethod, *, env=None, tokenizer=No
   return scorers.from_config(config, env=env, tokenizer=tokenizer, policy_model=policy_model,
                              judge_model=judge_model, prm_model=prm_model,
                              name=method.scorer_override,
-                             max_batch=rollout_prompts(config) * method.slots, mesh=mesh,
+                             max_batch=rollout_prompts(config.rollout) * method.slots, mesh=mesh,
                              abstract=abstract)

@@ -42,19 +42,18 @@ def new_cache(model, rollouts: Sequence[tuple], *, num_pages: int = 0, page_size
       page_size=page_size, kv_dtype=kv_dtype, mesh=mesh, abstract=abstract)
 
 
-def config_cache(config, model, rollouts: Sequence[tuple], mesh=None,
+def config_cache(s, model, rollouts: Sequence[tuple], mesh=None,
                  abstract: bool = False) -> sampling.Cache:
-  """`new_cache` with the pool size, page size and KV dtype of `config.sampler`."""
-  s = config.sampler
+  """`new_cache` with the pool size, page size and KV dtype of `s` (config.sampler)."""
   return new_cache(model, rollouts, num_pages=int(s.num_pages), page_size=int(s.page_size),
                    kv_dtype=s.kv_dtype, mesh=mesh, abstract=abstract)
 
 
-def rollout_prompts(config) -> int:
-  """Prompts of one training rollout on this process: its share of `rollout.prompts_per_rollout`
-  (0: of `prompts_per_step`, the whole step at once)."""
+def rollout_prompts(r) -> int:
+  """Prompts of one training rollout on this process: its share of `r.prompts_per_rollout`
+  (r: config.rollout; 0: of `prompts_per_step`, the whole step at once)."""
   import jax
-  per = int(config.rollout.prompts_per_rollout) or int(config.rollout.prompts_per_step)
+  per = int(r.prompts_per_rollout) or int(r.prompts_per_step)
   return per // jax.process_count()
 
 
@@ -64,17 +63,18 @@ def rollout_shards(config, local_devices: int | None = None) -> int:
   axis's size). An explicit count that does not divide the prompts or exceeds the devices is
   refused by validation."""
   import jax
-  n = (jax.local_device_count() if local_devices is None else local_devices) // tensor_size(config)
-  prompts = rollout_prompts(config)   # this process's share of one rollout
+  devices = jax.local_device_count() if local_devices is None else local_devices
+  n = devices // tensor_size(config.mesh)
+  prompts = rollout_prompts(config.rollout)   # this process's share of one rollout
   want = int(config.sampler.data_shards)
   if want > 0:
     return want
   return max(d for d in range(1, max(n, 1) + 1) if prompts % d == 0)
 
 
-def tensor_size(config) -> int:
-  """The size of the mesh's tensor axis as configured (1 when -1 or absent)."""
-  names, shape = tuple(config.mesh.axis_names), tuple(config.mesh.shape)
+def tensor_size(mesh_config) -> int:
+  """The size of the mesh's tensor axis as configured in `config.mesh` (1 when -1 or absent)."""
+  names, shape = tuple(mesh_config.axis_names), tuple(mesh_config.shape)
   return max(int(shape[names.index("tensor")]), 1) if "tensor" in names else 1
 
 
@@ -86,7 +86,7 @@ def rollout_mesh(config, devices=None, *, always: bool = False):
   import numpy as np
   from jax.sharding import Mesh
   devices = jax.local_devices() if devices is None else list(devices)
-  shards, tensor = rollout_shards(config, len(devices)), tensor_size(config)
+  shards, tensor = rollout_shards(config, len(devices)), tensor_size(config.mesh)
   if shards * tensor == 1 and not always:
     return None
   return Mesh(np.array(devices[:shards * tensor]).reshape(shards, tensor), ("data", "tensor"))
