@@ -38,7 +38,7 @@ PAPER_RL = {
     "train.num_steps": 400,
 }
 # From-scratch tiny / small policies on a CPU: lr 1e-3 is what the FrozenLake RL runs measured
-# (docs/measurements.md, "RL loop"; 1e-6 does not move a 0.45M-parameter policy).
+# (docs/measurements.md, "RL loop"; 1e-6 does not move a 0.46M-parameter policy).
 FROM_SCRATCH_RL = {"learner.learning_rate": 1e-3}
 # Tokens per agent turn for a pretrained agent's thought + action (the tiny policies reply with a
 # word or two, and their configs set less).

@@ -6,7 +6,7 @@ Theta 6, lr 1e-6, clip 0.28, KL 0.001, temperature 1, 64 prompts x 400 steps), 5
 turn; `model=qwen2.5-0.5b|qwen2.5-3b` is the same setting at PATR's model shapes with random
 weights (what `experiments.aot` compiles for a TPU slice). `model=tiny|small` (from scratch, warm-started on expert demos) is scaled for a 2-core CPU:
 maps of side 2..5 (`env.preset=rllm_small`) and observations that also name the goal's offset
-(`env.goal_hint`: the 0.45M-parameter tiny model does not learn to locate the goal in the grid
+(`env.goal_hint`: the 0.46M-parameter tiny model does not learn to locate the goal in the grid
 text within CPU budgets; with the hint it learns to move towards it in ~300 SFT steps).
 
 Run:
