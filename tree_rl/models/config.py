@@ -48,7 +48,8 @@ class ModelConfig:
 
 
 def tiny(vocab_size: int) -> ModelConfig:
-  """A from-scratch model small enough to train on a 2-core CPU (about 0.46M params with the builtin tokenizer)."""
+  """A from-scratch model small enough to train on a 2-core CPU (0.46M parameters with the
+  builtin tokenizer)."""
   return ModelConfig(vocab_size=vocab_size, hidden_size=128, intermediate_size=384, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=32, model_type="qwen2",
                      tie_word_embeddings=True, qkv_bias=True, max_position_embeddings=4096)
