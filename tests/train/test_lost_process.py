@@ -1,0 +1,113 @@
+"""A multi-process job that loses a process stops the others within a bound, each with one line
+naming the lost process (`tree_rl.hosts.watch_peers`): two `jax.distributed` processes (CPU,
+gloo) looping on a tiny collective (`lost_peer_worker.py`)."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from tree_rl import hosts
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+# The documented bound (watch_peers), plus slack for a loaded machine.
+BOUND_S = hosts.LOST_AFTER_S + 2 * hosts.HEARTBEAT_S + 3.0
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _start(tmp_path, fail=None):
+  """Both processes, once each one is watching: [(Popen, stdout path, stderr path)]."""
+  port, env = _free_port(), dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  procs = []
+  for i in range(2):
+    out, err = tmp_path / f"out{i}.txt", tmp_path / f"err{i}.txt"
+    cmd = [sys.executable, os.path.join(HERE, "lost_peer_worker.py"), str(port), str(i), "2"]
+    with open(out, "w") as o, open(err, "w") as e:
+      procs.append((subprocess.Popen(cmd + (["raise"] if i == fail else []), cwd=ROOT, env=env,
+                                     stdout=o, stderr=e), out, err))
+  deadline = time.monotonic() + 120
+  while not all("ready" in out.read_text() for _, out, _ in procs):
+    if time.monotonic() > deadline or any(p.poll() is not None for p, _, _ in procs):
+      _kill(procs)
+      raise AssertionError("the processes did not start:\n"
+                           + "\n".join(err.read_text()[-2000:] for _, _, err in procs))
+    time.sleep(0.1)
+  return procs
+
+
+def _kill(procs):
+  for p, _, _ in procs:
+    if p.poll() is None:
+      p.kill()
+      p.wait()
+
+
+def _exit_within(proc, seconds):
+  """(return code, seconds it took) of `proc`; fails if it runs longer than `seconds`."""
+  start = time.monotonic()
+  try:
+    rc = proc.wait(timeout=seconds)
+  except subprocess.TimeoutExpired:
+    raise AssertionError(f"still running {seconds:.0f} s after its peer was lost") from None
+  return rc, time.monotonic() - start
+
+
+def _error_lines(text):
+  return [line for line in text.splitlines() if line.startswith("error:")]
+
+
+def test_a_killed_process_is_named_by_the_survivor_within_the_bound(tmp_path):
+  procs = _start(tmp_path)
+  try:
+    time.sleep(1.5)   # both deep in their collective loop
+    procs[1][0].send_signal(signal.SIGKILL)
+    rc, took = _exit_within(procs[0][0], BOUND_S)
+  finally:
+    _kill(procs)
+  err = procs[0][2].read_text()
+  assert rc == hosts.LOST_EXIT_STATUS, err[-3000:]
+  # the survivor's collective failed at once (gloo); the watcher's line, not a traceback, ends it
+  assert _error_lines(err) == ["error: process 1 of 2 stopped responding (no heartbeat for 10 s);"
+                               " stopping process 0"], err[-3000:]
+  assert "Traceback" not in err, err[-3000:]
+  assert took > hosts.LOST_AFTER_S - hosts.HEARTBEAT_S - 0.5, took
+
+
+def test_a_process_that_fails_stops_the_others_with_a_line(tmp_path):
+  procs = _start(tmp_path, fail=0)   # process 0, the coordinator, raises
+  try:
+    rc1, took = _exit_within(procs[1][0], BOUND_S)
+    rc0, _ = _exit_within(procs[0][0], 10)
+  finally:
+    _kill(procs)
+  err0, err1 = procs[0][2].read_text(), procs[1][2].read_text()
+  assert rc0 == 1 and "RuntimeError: a bug in this process" in err0, err0[-3000:]
+  assert rc1 == hosts.LOST_EXIT_STATUS, err1[-3000:]
+  assert _error_lines(err1) == ["error: process 0 of 2 failed (see its output); stopping "
+                                "process 1"], err1[-3000:]
+  assert "Traceback" not in err1, err1[-3000:]
+
+
+def test_a_killed_coordinator_aborts_the_others_at_once(tmp_path):
+  """Process 0 hosts the coordination service: jaxlib aborts the others itself, with its own
+  message, before any heartbeat is missed (documented in watch_peers)."""
+  procs = _start(tmp_path)
+  try:
+    time.sleep(1.5)
+    procs[0][0].send_signal(signal.SIGKILL)
+    rc, took = _exit_within(procs[1][0], 5.0)
+  finally:
+    _kill(procs)
+  err = procs[1][2].read_text()
+  assert rc != 0, err[-3000:]
+  assert "Terminating process because the JAX distributed service detected fatal" in err, err
+  assert "coordination service" in err, err[-3000:]
