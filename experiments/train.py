@@ -40,9 +40,7 @@ def main(argv):
     return
   # Multi-host: jax.distributed.initialize before anything touches a device.
   from tree_rl.learner.sharding import maybe_initialize_distributed
-  maybe_initialize_distributed(config.mesh)
-  from tree_rl import hosts
-  hosts.watch_peers()   # a lost process stops the others with one line naming it
+  maybe_initialize_distributed(config.mesh)   # and the watch for a lost process
   compile_cache.enable(_CACHE.value)
   from tree_rl.train import train_and_evaluate
   summary = train_and_evaluate(config, _WORKDIR.value)

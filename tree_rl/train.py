@@ -336,7 +336,6 @@ def train_and_evaluate(config, workdir: str, parts: Parts | None = None) -> dict
   lets runs that differ only in `train.rl_seed` share their compiled programs."""
   from tree_rl.learner.sharding import maybe_initialize_distributed
   maybe_initialize_distributed(config.mesh)   # before anything touches a device
-  hosts.watch_peers()   # a lost process stops the others with one line naming it
   start = compile_cache.programs_built()   # the programs this run builds count from here
   if parts is not None:
     if parts.config is not config:

@@ -20,8 +20,7 @@ from tree_rl.learner.sharding import maybe_initialize_distributed  # noqa: E402
 
 maybe_initialize_distributed(types.SimpleNamespace(
     distributed=True, coordinator_address=f"localhost:{port}", num_processes=int(nproc),
-    process_id=int(pid)))
-hosts.watch_peers()
+    process_id=int(pid)))   # and hosts.watch_peers
 print("ready", flush=True)
 step = 0
 while True:

@@ -11,7 +11,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 
 def maybe_initialize_distributed(mesh_cfg) -> None:
-  """`jax.distributed.initialize` from `config.mesh` when `mesh.distributed` is set (once)."""
+  """`jax.distributed.initialize` from `config.mesh` when `mesh.distributed` is set (once), and
+  the watch for a lost process (`tree_rl.hosts.watch_peers`)."""
   if not mesh_cfg.distributed:
     return
   if jax.distributed.is_initialized():
@@ -30,6 +31,8 @@ def maybe_initialize_distributed(mesh_cfg) -> None:
   # not at a first collective that processes reach far apart (gloo gives up after 30 s).
   from jax.experimental import multihost_utils
   multihost_utils.sync_global_devices("tree_rl: jax.distributed initialized")
+  from tree_rl import hosts
+  hosts.watch_peers()   # a lost process stops the others with one line naming it
 
 
 def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
