@@ -360,12 +360,13 @@ SLACK_S = 4.0
 
 def test_enforcement_report(box):
   report = box.enforcement()
-  assert set(report) == {"unprivileged_user", "process_limit", "network_namespace",
-                         "pid_namespace", "read_only_filesystem", "minimal_filesystem", "rlimits",
-                         "audit_hook"}
+  assert set(report) == {"unprivileged_user", "user_namespace", "process_limit",
+                         "network_namespace", "pid_namespace", "read_only_filesystem",
+                         "minimal_filesystem", "rlimits", "audit_hook"}
   assert report["rlimits"] and report["audit_hook"]
-  if os.geteuid() == 0:   # as root every layer holds
-    assert all(report.values()), report
+  if os.geteuid() == 0:   # as root every layer holds, with no user namespace (the drop to nobody)
+    assert not report.pop("user_namespace") and all(report.values()), report
+  # without root: tests/envs/test_sandbox_nonroot.py
 
 
 def test_unreachable_root_runs_as_nobody_in_the_minimal_view(tmp_path):
@@ -373,7 +374,8 @@ def test_unreachable_root_runs_as_nobody_in_the_minimal_view(tmp_path):
   hidden.mkdir(mode=0o700)
   with sb.Sandbox(str(hidden / "root")) as s:
     # the minimal view builds its own path to the workspace; without it the user stays
-    assert s.enforcement()["unprivileged_user"] == s.enforcement()["minimal_filesystem"]
+    if os.geteuid() == 0:
+      assert s.enforcement()["unprivileged_user"] == s.enforcement()["minimal_filesystem"]
     h = s.create({"m.py": MODULE})
     run = s.run_tests(h, "import m, os\ndef test_a():\n  assert m.f() == 3\n  print(os.getuid())\n")
     assert (run.passed, run.total) == (1, 1), run.output
@@ -382,7 +384,7 @@ def test_unreachable_root_runs_as_nobody_in_the_minimal_view(tmp_path):
 
 
 def test_the_minimal_view_holds_only_the_workspace_stdlib_and_devices(box, ws, tmp_path):
-  if not box.enforcement()["minimal_filesystem"]:   # needs root (test_enforcement_report)
+  if not box.enforcement()["minimal_filesystem"]:   # root, or a user namespace without root
     return
   token = uuid.uuid4().hex
   host = tempfile.NamedTemporaryFile("w", dir="/tmp", prefix="host_", suffix=".txt")
@@ -496,7 +498,8 @@ def test_reading_outside_is_refused(box, ws):
   assert ("FAIL test_passwd: PermissionError: sandbox: open '/etc/passwd' refused "
           "(outside the workspace)") in run.output
   assert "FAIL test_listing: PermissionError: sandbox: os.listdir '/etc' refused" in run.output
-  if box.enforcement()["unprivileged_user"]:   # beneath the hook: root-only files stay closed
+  if box.enforcement()["unprivileged_user"] or box.enforcement()["minimal_filesystem"]:
+    # beneath the hook: root-only files stay closed, or do not exist in the view
     shadow = OFF + "def test_shadow():\n  open('/etc/shadow').read()\n"
     run = box.run_tests(ws, shadow)
     assert (run.passed, run.total) == (0, 1), run.output
@@ -615,7 +618,7 @@ def test_writes_are_refused(box, ws):
     for path in [tmp, shm]:
       if os.path.exists(path):
         os.remove(path)
-  if box.enforcement()["unprivileged_user"]:
+  if box.enforcement()["unprivileged_user"] or box.enforcement()["read_only_filesystem"]:
     assert box.files(ws) == ["m.py", "pkg/util.py"] and box.read(ws, "m.py") == MODULE
     with open(os.path.join(root, "m.py")) as f:
       assert f.read() == MODULE

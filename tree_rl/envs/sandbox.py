@@ -36,12 +36,16 @@ Layers, and what each stops:
    namespace); the parent kills that process group after every run, and everything at
    `timeout_s` + 5 s. Output is read as it comes and only its first `output_bytes` are kept.
 2. rlimits (test half): CPU (past `cpu_s` the tests end, reported), AS (large allocations raise
-   MemoryError), FSIZE (no file past `file_bytes`), CORE=0, and NPROC when the tests run as nobody.
+   MemoryError), FSIZE (no file past `file_bytes`), CORE=0, and NPROC when the tests run as nobody
+   or in a user namespace (layer 4) on Linux 5.14+, which counts it per (user namespace, uid): there
+   only the run's own processes count (on older kernels every process of the trainer's uid would,
+   so it stays unset).
 3. Unprivileged user: as root, the test half drops to nobody (65534) once the namespaces exist,
    so RLIMIT_NPROC holds (the kernel never applies it to root: a fork bomb stops at `processes`),
    the workspace (root-owned, 0644/0755) cannot be written and root-only files cannot be read;
    no-new-privs makes setuid binaries grant nothing. Kept only when nobody can reach the root.
-4. Namespaces (root; what holds is probed once at start-up): network (a loopback that is down, so
+   Without root there is no second uid to drop to: see the user namespace below.
+4. Namespaces (what holds is probed once at start-up): network (a loopback that is down, so
    nothing connects), PID (the test half is its init: when it exits every process it started dies
    and is reaped; its own /proc shows no other process) and mount: the minimal view pivots into a
    tmpfs holding only the workspace and the stdlib directories (each at its own path), /dev/null,
@@ -49,21 +53,43 @@ Layers, and what each stops:
    file, no shell and no binary exist for the tests; every mount read-only and nosuid, /dev/shm
    a small private tmpfs, the one writable place. Where pivot_root fails the fallback keeps the
    host's tree read-only (the stdlib bind-mounted under /dev/shm, so nobody can import it).
+   Without root the runner first makes a user namespace of its own (one unshare with the others;
+   the trainer's uid and gid mapped to 0, setgroups denied, no user namespace allowed below it),
+   and the same namespaces and view follow. There the test half, the PID namespace's init, makes
+   the view itself: the kernel lets a user namespace mount a proc only while a full one is
+   visible, so the tests' proc is mounted before the host's root is detached (where even that is
+   refused, as under a host /proc with masked entries, /proc stays empty). The tests run as root
+   of that namespace, which is the trainer's uid outside it, and drop every capability for good
+   before no-new-privs (bounding set emptied, securebits locked so that uid 0 regains nothing at
+   exec, ambient set cleared, capset to nothing, checked with capget). So the kernel checks their
+   files as the trainer's uid: the workspace is the trainer's own, and only the read-only mount
+   keeps it unwritten; nothing else of the host is in the view. The trainer's processes could be
+   signalled or traced by uid, but the PID namespace gives the tests no name for any of them.
+   Where the kernel refuses the user namespace (or a step after it), the probe falls back to
+   none of layers 3 and 4.
 5. An audit hook, installed before the source runs: `open` for reading outside the workspace and
    the stdlib, `open` for writing anywhere, file-system changes, listing outside directories,
    subprocess / os.system / os.exec* / os.spawn* / os.posix_spawn, socket connect / bind / sendto,
    ctypes and os.kill raise PermissionError, which fails the test.
 
-`enforcement()` says which layers hold on this machine; the namespaces count only with the uid drop
-(root could leave them). Not enforced: the audit hook is a tripwire, not a boundary: its policy is
-state in the tests' own process, which code under test can clear (layers 1-4 are set up before
-that code runs, by a process it cannot reach, and hold regardless). In `run_tests` (the visible
-tests) the tests share their process with the code under test, which can read and patch them:
-fine for the agent's own `<test/>`, never used for a reward. Without the namespaces a test can reach the network, outlive its run by leaving
-its process group (the subreaper still kills what it can find) and signal other runs of its uid; without
-the drop, NPROC is unset and the tests can write the workspace. RLIMIT_NPROC counts every process of
-nobody on the machine, so concurrent runs share that budget; memory is limited per process (AS), not
-per run.
+`enforcement()` says which layers hold on this machine; the namespaces count only where the tests
+cannot leave them: with the drop to nobody (root could leave them), or in the user namespace with
+every capability dropped. Leaving a namespace (setns), unmounting, remounting or unsharing the view,
+or bringing up an interface needs a capability (CAP_SYS_ADMIN, CAP_NET_ADMIN) in the user namespace
+that owns the namespace in question: the host's are owned by one above the tests', where they never
+held any, and their own by the one whose capabilities they gave up; a nested user namespace, which
+would grant capabilities over new namespaces of its own only, cannot be made (its limit is 0).
+`user_namespace` says which of the two ways holds. Not enforced: the audit hook is a tripwire, not a
+boundary: its policy is state in the tests' own process, which code under test can clear (layers 1-4
+are set up before that code runs, by a process it cannot reach, and hold regardless). In `run_tests`
+(the visible tests) the tests share their process with the code under test, which can read and patch
+them: fine for the agent's own `<test/>`, never used for a reward. Without the namespaces (no root
+and no user namespace) a test can reach the network, read what the trainer's uid can, outlive its
+run by leaving its process group (the subreaper still kills what it can find) and signal the
+processes of its uid; there NPROC is unset and the tests can write the workspace. As nobody,
+RLIMIT_NPROC counts every process of nobody on the machine, so concurrent runs share that budget (in
+a user namespace each run has its own); memory is limited per process (AS), not per run; IPC (SysV,
+POSIX message queues) is not namespaced.
 """
 
 from __future__ import annotations
@@ -87,7 +113,8 @@ from tree_rl.envs import plain
 from tree_rl.envs import sandbox_runner as runner
 
 NOBODY = 65534
-CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 _PYTHON_FLAGS = ("-P", "-s", "-S", "-B")
 _RUNNER = os.path.abspath(runner.__file__)   # run by path (see its docstring)
 _SCRATCH = "/dev/shm"
@@ -137,6 +164,11 @@ import os, math, collections
 import probe_module
 def test_probe():
   assert os.getuid() == {uid} or {uid} < 0
+  if {nproc}:   # the process limit leaves the tests room to fork
+    pid = os.fork()
+    if pid == 0:
+      os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
   assert (os.getpid() == 1) == {pid_ns}
   if {net_ns}:
     import socket
@@ -156,10 +188,26 @@ def test_probe():
 
 @dataclasses.dataclass(frozen=True)
 class _Config:
-  uid: int
-  flags: int
+  uid: int                # the tests' uid; -1 keeps the trainer's
+  flags: int              # CLONE_NEW* for the runner's unshare
   read_only: bool
   minimal: bool = False   # pivot_root into a view of the workspace, the stdlib and 3 devices
+
+  @property
+  def user_namespace(self) -> bool:
+    return bool(self.flags & CLONE_NEWUSER)
+
+  @property
+  def contained(self) -> bool:
+    """Whether the tests cannot leave their namespaces: as nobody (no root to undo them), or in a
+    user namespace of their own with every capability dropped (root there is nothing outside)."""
+    return self.uid >= 0 or self.user_namespace
+
+  @property
+  def nproc(self) -> bool:
+    """Whether RLIMIT_NPROC is set: never for root (the kernel would not apply it); in a user
+    namespace only where the kernel counts it per namespace (5.14+), not per uid on the host."""
+    return self.uid >= 0 or (self.user_namespace and _NPROC_PER_NAMESPACE)
 
 
 class Sandbox:
@@ -422,12 +470,13 @@ class Sandbox:
   def enforcement(self) -> dict[str, bool]:
     """Which layers hold on this machine (see the module docstring)."""
     c = self._config
-    user = c.uid >= 0   # root inside a namespace could leave it, so those count only with the drop
-    return {"unprivileged_user": user, "process_limit": user,
-            "network_namespace": user and bool(c.flags & CLONE_NEWNET),
-            "pid_namespace": user and bool(c.flags & CLONE_NEWPID),
-            "read_only_filesystem": user and c.read_only,
-            "minimal_filesystem": user and c.minimal, "rlimits": True, "audit_hook": True}
+    held = c.contained   # root outside the user namespace could leave them: they count only so
+    return {"unprivileged_user": c.uid >= 0, "user_namespace": c.user_namespace,
+            "process_limit": c.nproc,
+            "network_namespace": held and bool(c.flags & CLONE_NEWNET),
+            "pid_namespace": held and bool(c.flags & CLONE_NEWPID),
+            "read_only_filesystem": held and c.read_only,
+            "minimal_filesystem": held and c.minimal, "rlimits": True, "audit_hook": True}
 
   def _map(self, fn, *iterables):
     with self._lock:
@@ -439,7 +488,7 @@ class Sandbox:
   def _argv(self, mode: str, ws: str, config: _Config, lim: Limits) -> list[str]:
     mounts = bool(config.flags & CLONE_NEWNS)
     args = runner.Args(mode, ws, lim.timeout_s, lim.cpu_s, lim.memory_bytes, lim.file_bytes,
-                       lim.processes if config.uid >= 0 else -1, config.uid, config.uid,
+                       lim.processes if config.nproc else -1, config.uid, config.uid,
                        config.flags, config.read_only, config.minimal,
                        _SCRATCH if mounts else "", _SCRATCH_BYTES,
                        self._libdirs if mounts else [])
@@ -487,13 +536,16 @@ class Sandbox:
   def _probe(self) -> _Config:
     """The strongest configuration whose probe test passes here (see _PROBE_SOURCE)."""
     net, pid, mnt = CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWNS
-    root = os.geteuid() == 0
-    levels = [(net | pid | mnt, True), (net | pid | mnt, False), (net | pid, False), (net, False),
-              (0, False)] if root else [(0, False)]
-    users = [NOBODY, -1] if root and _reachable(self.root) else [-1]
-    # the minimal view makes its own path to the workspace, so nobody reaches any scratch root
-    candidates = [_Config(NOBODY, net | pid | mnt, True, True)] if root else []
-    candidates += [_Config(u, f, ro) for u in users for f, ro in levels]
+    levels = [(net | pid | mnt, True), (net | pid | mnt, False), (net | pid, False), (net, False)]
+    if os.geteuid() == 0:
+      users = [NOBODY, -1] if _reachable(self.root) else [-1]
+      # the minimal view makes its own path to the workspace, so nobody reaches any scratch root
+      candidates = [_Config(NOBODY, net | pid | mnt, True, True)]
+      candidates += [_Config(u, f, ro) for u in users for f, ro in levels + [(0, False)]]
+    else:   # the same namespaces, made inside a user namespace of the trainer's own
+      user = CLONE_NEWUSER
+      candidates = [_Config(-1, user | net | pid | mnt, True, True)]
+      candidates += [_Config(-1, user | f, ro) for f, ro in levels] + [_Config(-1, 0, False)]
     ws = tempfile.mkdtemp(prefix="probe-", dir=self.root)
     os.chmod(ws, 0o755)
     with open(os.path.join(ws, "probe_module.py"), "w") as f:
@@ -502,7 +554,7 @@ class Sandbox:
       for config in candidates:
         source = _PROBE_SOURCE.format(uid=config.uid, pid_ns=bool(config.flags & pid),
                                       net_ns=bool(config.flags & net), read_only=config.read_only,
-                                      minimal=config.minimal)
+                                      minimal=config.minimal, nproc=config.nproc)
         run = self._run(ws, source, config, Limits())
         if (run.passed, run.total) == (1, 1):
           return config
@@ -611,6 +663,18 @@ def _call_outcomes(head: bytes, size: int, killed: bool, code: int, n: int,
     except (ValueError, TypeError, RecursionError):
       return CallRun(None, f"output line {i + 1} is not a result")
   return CallRun(outcomes, "")
+
+
+def _kernel_at_least(version: tuple[int, int]) -> bool:
+  try:
+    return tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2]) >= version
+  except ValueError:
+    return False
+
+
+# Linux 5.14 counts RLIMIT_NPROC per (user namespace, uid): inside the tests' namespace only the
+# run's own processes count; before it, every process of the trainer's uid would.
+_NPROC_PER_NAMESPACE = _kernel_at_least((5, 14))
 
 
 def _stdlib_dirs() -> list[str]:

@@ -11,7 +11,10 @@ library alone. It can also be imported, for its helpers' tests; importing it run
 
 A run has a root half, which makes the namespaces and mounts, waits and reports, and a tests half
 forked from it, which enters rlimits, no-new-privs, the unprivileged user, the import path and the
-audit hook, then runs the code (see the threat model in `tree_rl.envs.sandbox`).
+audit hook, then runs the code (see the threat model in `tree_rl.envs.sandbox`). Without root the
+root half first makes a user namespace (NEWUSER in its flags) and the tests half, the PID
+namespace's init, makes the minimal view (with its proc) and drops every capability in place of
+the user: there is no second uid to drop to.
 """
 
 import _signal
@@ -26,7 +29,7 @@ import signal
 import sys
 import time
 
-NEWNS, NEWPID = 0x00020000, 0x20000000
+NEWNS, NEWUSER, NEWPID = 0x00020000, 0x10000000, 0x20000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(platform.machine(), -1)
@@ -137,9 +140,12 @@ def tmpfs(where, size, mode):
   call(libc.mount(b"tmpfs", where.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts), f"tmpfs {where}")
 
 
-def minimal_root(new, ws, libdirs):
+def minimal_root(new, ws, libdirs, proc=False):
   """pivot_root into a tmpfs at `new` that holds the workspace, the stdlib dirs (each at its own
-  path) and three devices; the host's root is detached, so no other host file exists any more."""
+  path) and three devices; the host's root is detached, so no other host file exists any more.
+  With `proc` (the init of a PID namespace made in a user namespace), a proc of that namespace is
+  mounted first, while the host's is still visible: the kernel lets a user namespace mount a proc
+  only then. Where it refuses even that (a host /proc with masked entries), /proc stays empty."""
   if PIVOT_ROOT < 0:
     raise OSError(0, f"pivot_root: unknown syscall number on {platform.machine()}")
   os.umask(0o022)
@@ -156,6 +162,11 @@ def minimal_root(new, ws, libdirs):
     call(libc.mount(dev.encode(), place(dev, False), None, MS_BIND, None), f"bind {dev}")
   for d in ("/proc", "/dev/shm", "/old"):
     place(d)
+  if proc:
+    try:
+      own_proc(new + "/proc", unshare=False)
+    except OSError:
+      pass
   os.chdir(new)
   call(libc.syscall(ctypes.c_long(PIVOT_ROOT), b".", b"old"), "pivot_root")
   os.chdir("/")
@@ -163,15 +174,37 @@ def minimal_root(new, ws, libdirs):
   os.rmdir("/old")
 
 
+def write_file(path, text):
+  fd = os.open(path, os.O_WRONLY)
+  try:
+    os.write(fd, text.encode())
+  finally:
+    os.close(fd)
+
+
+def own_user_namespace(uid, gid):
+  """Map the caller's uid and gid (outside) to 0 (inside) in the user namespace just entered, the
+  one id each that exists there; no supplementary groups can be set; no namespace below it."""
+  write_file("/proc/self/setgroups", "deny")   # required before an unprivileged gid_map
+  write_file("/proc/self/uid_map", f"0 {uid} 1")
+  write_file("/proc/self/gid_map", f"0 {gid} 1")
+  write_file("/proc/sys/user/max_user_namespaces", "0")   # this namespace's own limit
+
+
 def setup(flags, read_only, minimal, scratch, scratch_bytes, libdirs, ws):
   """Namespaces and mounts (root half); returns [(stdlib dir, where the tests see it)]."""
   if flags:
+    uid, gid = os.getuid(), os.getgid()
     call(libc.unshare(flags), "unshare")
+    if flags & NEWUSER:
+      own_user_namespace(uid, gid)
   if not flags & NEWPID:
     call(libc.prctl(36, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
   remap = []
   if flags & NEWNS:
     call(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    if minimal and flags & NEWUSER:
+      return remap   # the tests half makes the view (user_view)
     if minimal:
       minimal_root(scratch, ws, libdirs)
     if read_only:
@@ -238,28 +271,69 @@ def audit_hook(allowed):
   return hook
 
 
-def own_proc():
+CAPSET_VERSION_3 = 0x20080522
+PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 28, 47, 4
+SECURE_ALL_LOCKED = 0xEF   # NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE, locked; KEEP_CAPS off
+
+
+def drop_capabilities():
+  """Give up every capability for good: the bounding set emptied, the securebits locked so that
+  uid 0 gains none at exec, no ambient set, then capset to nothing (checked with capget)."""
+  cap = 0
+  while libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+    cap += 1
+  if cap == 0:
+    call(-1, "prctl(PR_CAPBSET_DROP)")
+  call(libc.prctl(PR_SET_SECUREBITS, SECURE_ALL_LOCKED, 0, 0, 0), "prctl(PR_SET_SECUREBITS)")
+  call(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "prctl(PR_CAP_AMBIENT)")
+  header = (ctypes.c_uint32 * 2)(CAPSET_VERSION_3, 0)
+  data = (ctypes.c_uint32 * 6)()
+  call(libc.capset(header, data), "capset")
+  call(libc.capget(header, data), "capget")
+  if any(data):
+    raise OSError(0, f"capabilities left after capset: {list(data)}")
+
+
+def own_proc(where="/proc", unshare=True):
   """A /proc of this PID namespace (in a mount namespace of its own), so the host's are hidden."""
+  if unshare:
+    call(libc.unshare(NEWNS), "unshare")
+  call(libc.mount(b"proc", where.encode(), b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None),
+       f"mount {where}")
+
+
+def user_view(args):
+  """The minimal view, made in a user namespace by the tests half, the init of the PID namespace
+  (so that it can mount that namespace's proc), in a mount namespace of its own."""
   call(libc.unshare(NEWNS), "unshare")
-  call(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None),
-       "mount /proc")
+  minimal_root(args.scratch, args.ws, args.libdirs, proc=bool(args.flags & NEWPID))
+  if args.read_only:
+    read_only_mounts()
+  tmpfs("/dev/shm", args.scratch_bytes, "1777")
+  os.chdir(args.ws)
 
 
-def enter(ws, limits, uid, gid, remap, flags):
-  """The tests' side of the set-up: own /proc, rlimits, no new privileges, the user, the import
-  path and the audit hook (a tripwire with readable messages; the boundary is the layers before)."""
+def enter(args, limits, remap):
+  """The tests' side of the set-up: in a user namespace the minimal view, else an own /proc;
+  rlimits, no new privileges, the capabilities (in a user namespace) or the user, the import path
+  and the audit hook (a tripwire with readable messages; the boundary is the layers before)."""
   try:
     os.setpgid(0, 0)
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)   # stdin was read to its end by the root half
     os.close(null)
-    if flags & NEWPID and flags & NEWNS:
+    ws, uid, gid, flags = args.ws, args.uid, args.gid, args.flags
+    if flags & NEWNS and flags & NEWUSER and args.minimal:
+      user_view(args)
+    elif flags & NEWPID and flags & NEWNS:
       own_proc()
     for res, value in limits:
       resource.setrlimit(res, value)
     # As a PID namespace's init this process would ignore SIGXCPU's default action.
     _signal.signal(_signal.SIGXCPU, lambda *_: os._exit(XCPU_EXIT))
     call(libc.prctl(38, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if flags & NEWUSER:
+      drop_capabilities()
     if uid >= 0:
       os.setgroups([])
       os.setgid(gid)
@@ -279,10 +353,10 @@ def enter(ws, limits, uid, gid, remap, flags):
     os._exit(SETUP_FAILED)
 
 
-def tests_half(ws, source, limits, uid, gid, remap, nonce, wfd, flags):
+def tests_half(args, source, limits, remap, nonce, wfd):
   """Exec the source as a module and call its test_* functions in order, printing PASS / FAIL
   lines; the counts go to the root half over `wfd`, prefixed with `nonce`."""
-  enter(ws, limits, uid, gid, remap, flags)
+  enter(args, limits, remap)
   passed = total = 0
   me = os.getpid()   # a process the tests fork that comes back into this loop exits silently
   module = type(sys)("__tests__")
@@ -316,10 +390,10 @@ def tests_half(ws, source, limits, uid, gid, remap, nonce, wfd, flags):
 
 # -- the calls half --
 
-def calls_half(ws, job, limits, uid, gid, remap, flags):
+def calls_half(args, job, limits, remap):
   """Import the module, make each call, write one JSON line per call: [i, "ok", value] (plain
   data), [i, "error", exception type] or [i, "bad", type name]; nothing else."""
-  enter(ws, limits, uid, gid, remap, flags)
+  enter(args, limits, remap)
   me = os.getpid()
   job = json.loads(job)
   try:
@@ -442,9 +516,9 @@ def main(argv):
   pid = os.fork()
   if pid == 0:
     if calls:
-      calls_half(args.ws, source, limits, args.uid, args.gid, remap, args.flags)
+      calls_half(args, source, limits, remap)
     os.close(rfd)
-    tests_half(args.ws, source, limits, args.uid, args.gid, remap, nonce, wfd, args.flags)
+    tests_half(args, source, limits, remap, nonce, wfd)
   info, timed_out = wait_exit(pid, args.timeout)
   kill_leftovers(pid)
   if calls:   # nothing on stdout from this half: the parent reads the verdict from the status
