@@ -152,9 +152,23 @@ def host():
     shutil.rmtree(scratch, ignore_errors=True)
 
 
+def staged_package(scratch: str) -> str:
+  """A copy of the sandbox's modules under `scratch`, which the non-root user can read wherever
+  the repository sits (a checkout under a root-only home would not do)."""
+  envs = os.path.join(scratch, "pkg", "tree_rl", "envs")
+  os.makedirs(envs, exist_ok=True)
+  for name in ("sandbox.py", "sandbox_runner.py", "plain.py"):
+    shutil.copy(os.path.join(REPO, "tree_rl", "envs", name), envs)
+  for d, _, files in os.walk(os.path.join(scratch, "pkg")):
+    os.chmod(d, 0o755)
+    for f in files:
+      os.chmod(os.path.join(d, f), 0o644)
+  return os.path.join(scratch, "pkg")
+
+
 def run_helper(host, sources, refuse=False, sleepers=0, limits=None):
   scratch, host_file, token, server = host
-  job = {"repo": REPO, "root": os.path.join(scratch, "root"), "host_file": host_file,
+  job = {"repo": staged_package(scratch), "root": os.path.join(scratch, "root"), "host_file": host_file,
          "port": server.getsockname()[1], "module": MODULE, "sources": sources,
          "refuse_user_namespace": refuse, "sleepers": sleepers,
          "limits": limits or {"timeout_s": 5.0}}
