@@ -15,7 +15,7 @@ from rollout_helpers import rollout_config, steered_model  # noqa: E402
 
 from tree_rl.envs.frozenlake import FROZEN, GOAL, HOLE, PAD, FrozenLake  # noqa: E402
 from tree_rl.models.tokenizers import BuiltinTokenizer  # noqa: E402
-from tree_rl.rollout import methods, routing, sequences, tree as tree_lib  # noqa: E402
+from tree_rl.rollout import build, methods, routing, sequences, tree as tree_lib  # noqa: E402
 from tree_rl.rollout.budget import planned_cost  # noqa: E402
 from tree_rl.rollout.capacity import new_cache  # noqa: E402
 from tree_rl.rollout.driver import run  # noqa: E402
@@ -160,8 +160,8 @@ def test_arpo_config_fields_and_shape():
   np.testing.assert_array_equal(m.first(hand_tree(), m.init(1))[0], [[0, 0, -1, -1, -1, -1, -1, -1]])
   with pytest.raises(ValueError, match="max_branches"):
     arpo(initial_branches=9)
-  with pytest.raises(ValueError, match="entropy_tokens"):
-    methods.get("arpo")(rollout_config(method="arpo", entropy_tokens=0).rollout)
+  with pytest.raises(ValueError, match=r"config\.rollout\.entropy_tokens=0 must be an integer >= 1"):
+    build.validate(rollout_config(method="arpo", entropy_tokens=0))   # its declared range
   with pytest.raises(ValueError, match="arpo_entropy='top5'"):
     arpo(arpo_entropy="top5")
   with pytest.raises(ValueError, match="arpo_rule='always'"):
