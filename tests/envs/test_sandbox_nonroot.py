@@ -23,20 +23,10 @@ import pytest
 
 from tree_rl.envs import sandbox as sb
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MODULE = "def f():\n  return 3\n"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_sandbox import MODULE, OFF  # noqa: E402  (the hook switched off from inside)
 
-OFF = '''
-import __main__, gc
-__main__.REFUSED.clear()
-__main__.CHANGES.clear()
-__main__.LISTINGS.clear()
-__main__.REFUSED_PREFIXES = ("-",)
-__main__.WRITE = 0
-for o in gc.get_objects():
-  if type(o) is list and o and type(o[0]) is str and o[0].startswith("/"):
-    o.append("")
-'''
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Run by the non-root user: the job on stdin, one JSON line out. The package is entered without
 # its __init__ files (which import JAX), so any Python 3.11+ the user can run will do.
