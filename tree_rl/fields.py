@@ -60,8 +60,8 @@ def declared(section: str, skip: str = "") -> dict[str, tuple[tuple[str, ...], F
   for owner, fields in _DECLARED.get(section, {}).items():
     if owner != skip:
       for name, f in fields.items():
-        owners = out[name][0] if name in out else ()
-        out[name] = (owners + (owner,), out[name][1] if name in out else f)
+        owners, first = out.get(name, ((), f))   # the first declaration's Field (doc, range)
+        out[name] = (owners + (owner,), first)
   return out
 
 
