@@ -14,6 +14,9 @@ Run:
 The reproduction's testbed (`testbed`: observations that also list each move's cell, a longer
 warm start and 200 RL steps; docs/measurements.md, "testbed"):
   python -m experiments.train --config=configs/frozenlake.py:algo=chain,testbed --workdir=runs/tb
+The long-horizon testbed (`testbed_long`: maps of side 5..7 with a path of 4..16 moves, 16
+turns, observations without the grid, PATR scoring every 4 turns):
+  python -m experiments.train --config=configs/frozenlake.py:algo=patr,testbed_long --workdir=runs/tl
 Smoke (a minute or two on a CPU):
   python -m experiments.train --config=configs/frozenlake.py:algo=tree_grpo,smoke --workdir=runs/fl_smoke
 algo: a name in `tree_rl.algorithms` (grpo, tree_grpo, patr, ...);  model: tiny | small | hf (with hf_path=...)
@@ -26,7 +29,8 @@ from tree_rl.config import base_config, lock, parse_arg
 
 
 def get_config(arg=None):
-  args = parse_arg(arg, algo="patr", model="tiny", hf_path="", smoke=False, testbed=False)
+  args = parse_arg(arg, algo="patr", model="tiny", hf_path="", smoke=False, testbed=False,
+                   testbed_long=False)
   c = base_config()
   c.env.name = "frozenlake"
   # PATR's FrozenLake rollout: B0=4 branches, M=2 children, scored every K=5 steps, 10 turns;
@@ -44,7 +48,9 @@ def get_config(arg=None):
     c.rollout.max_branches = 8
   else:
     _cpu_scale(c)
-    if args.testbed:
+    if args.testbed_long:
+      _testbed_long(c)
+    elif args.testbed:
       _testbed(c)
     elif not args.smoke and args.model == "tiny":
       _main_job(c)
@@ -155,3 +161,42 @@ def _testbed(c):
   c.train.eval_every = 20
   c.train.eval_samples = 4
 
+
+
+def _testbed_long(c):
+  """The long-horizon testbed: episodes long enough for PATR's scoring and Tree-GRPO's
+  mid-episode expansions to matter, and a warm start with room above it. Maps of side 5..7
+  whose shortest safe path takes 4..16 moves (`env.preset=long`, 5.8 on average); on the
+  held-out maps the hint rule wins under half and the local-view rule about two thirds
+  (`experiments.rule_baselines`; docs/envs.md). The policy reads the hint and the local view,
+  not the grid, so observations leave the grid out (45 tokens instead of about 100 on a 7x7)."""
+  c.env.preset = "long"
+  c.env.local_view = True
+  c.env.grid = False
+  c.rollout.max_turns = 16
+  # PATR: B0=4 branches, the top 2 expanded into M=2 children at every K=4 turns, at most 8
+  c.rollout.initial_branches, c.rollout.expand_children, c.rollout.score_every = 4, 2, 4
+  c.rollout.expand_top_k = 2
+  c.rollout.max_branches = 8
+  # observations are at most 45 tokens (one chunk); the longest trajectory the learner sizes
+  # for (16 tokens a reply, observations at their 59-token capacity) is 1332 tokens
+  c.sampler.obs_chunk = 48
+  c.learner.row_tokens = 1344
+  # warm start: as the testbed's (noisy expert, its noisy moves trained on, most demos starting
+  # next to a hole, SFT lr 1e-3, checks on 256 train maps), stopped early, near 0.55 greedy on
+  # train maps: RL starts 10+ points below the local-view rule
+  c.warmstart.num_demos = 4096
+  c.warmstart.hard_fraction = 0.9
+  c.warmstart.loss_on_noise = True
+  c.warmstart.max_len = 768          # a demo: the prompt and up to 16 turns of 47 tokens
+  c.warmstart.steps = 2000
+  c.warmstart.learning_rate = 1e-3
+  c.warmstart.eval_prompts = 256
+  c.warmstart.target_success = 0.55
+  c.warmstart.stop_window = 2
+  c.warmstart.eval_every = 50
+  c.warmstart.attempts = 2
+  c.learner.learning_rate = 3e-4
+  c.train.num_steps = 120
+  c.train.eval_every = 20
+  c.train.eval_samples = 4

@@ -29,8 +29,13 @@ TOLERANCE = 0.10
 
 
 @functools.lru_cache(maxsize=None)
+def with_algo(path: str, algo: str) -> str:
+  """The config argument of `algo` on `path`, a file or a file with arguments (`file.py:testbed`)."""
+  return f"{path},algo={algo}" if ":" in path else f"{path}:algo={algo}"
+
+
 def _base_rollout(path: str, algo: str) -> dict:
-  r = load_config(f"{path}:algo={algo}").rollout
+  r = load_config(with_algo(path, algo)).rollout
   return {k: r[k] for k in r}
 
 
@@ -108,24 +113,25 @@ SHAPES = {"chain": _chain, "tree_grpo": _tree_grpo, "patr": _patr, "tree_random"
           "arpo": _arpo}
 
 
+def shape(path: str, algo: str, k: int, patr_extra: dict | None = None) -> dict:
+  """The overrides giving `algo`'s rollout on `path` a plan of k trajectories per prompt."""
+  method = algorithms.get(algo).method
+  if method not in SHAPES:
+    raise ValueError(f"no budget shape for rollout method {method!r} (algo={algo}): add one "
+                     f"to experiments.sweeps.budget.SHAPES")
+  return SHAPES[method](path, algo, k, dict(patr_extra or {}))
+
+
 def method_shapes(path: str, k: int, patr_extra: dict | None = None) -> dict:
   """{algo: overrides} giving each compared algorithm a rollout that plans k trajectories per
   prompt (DAPO and GiGPO are chains of k; DAPO's dynamic sampling draws `rollout.draw_factor`
   times the prompts, up to `rollout.max_draws` times, which `rollout/draws` and
   `rollout/cost_per_kept_group` report); `patr_extra` overrides PATR's and Tree-Random's."""
-  extra = dict(patr_extra or {})
-  out = {}
-  for algo in algorithms.compared():
-    method = algorithms.get(algo).method
-    if method not in SHAPES:
-      raise ValueError(f"no budget shape for rollout method {method!r} (algo={algo}): add one "
-                       f"to experiments.sweeps.budget.SHAPES")
-    out[algo] = SHAPES[method](path, algo, k, extra)
-  return out
+  return {algo: shape(path, algo, k, patr_extra) for algo in algorithms.compared()}
 
 
 def budget_entries(path: str, budgets=BUDGETS, patr_extra: dict | None = None) -> dict:
-  one = one_trajectory_tokens(f"{path}:algo=grpo")
+  one = one_trajectory_tokens(with_algo(path, "grpo"))
   cap = lambda k: {"rollout.budget": k * one, "rollout.budget_unit": "generated"}  # noqa: E731
   out = {}
   for k in budgets:

@@ -11,6 +11,9 @@ inter-only advantages (`tree_grpo` of the reproduction is "both"), PATR's group 
 pruned branches and Best_n (`patr` of the reproduction keeps them, the paper's default). Seeds
 0-2 of the two sweeps share their warm starts.
 
+`frozenlake_long` (on the `testbed_long` config, 5 seeds): the reproduction's five arms on
+the long-horizon testbed, shaped on it (16 turns, PATR scoring every 4).
+
 `toolcall_reproduction` (on the tool-call `testbed` config, 5 seeds): chain GRPO
 (group 8), Tree-GRPO at the same planned budget and `tree_grpo_quarter` at a quarter; the
 intra/inter ablation stays with FrozenLake.
@@ -22,7 +25,7 @@ chains; ARPO B0=4 and a cap of 8 branches. The quarter: Tree-GRPO M=1, N=2, L=1.
 every method runs its own rule, and the report sets the spent budget beside the planned one.
 """
 
-from experiments.sweeps.budget import method_shapes
+from experiments.sweeps.budget import method_shapes, shape
 from experiments.sweeps.build import base_values
 from experiments.sweeps.core import CONFIG_KEY, Sweep
 from experiments.sweeps.tree_grpo import ADVANTAGE
@@ -70,6 +73,21 @@ def frozenlake_reproduction() -> Sweep:
                            f"Tree-GRPO at {k // 4}, 5 seeds")
 
 
+def frozenlake_long() -> Sweep:
+  # Shapes planned on the long testbed itself (16 turns, scoring every 4): PATR and Tree-Random
+  # need B0=5 (cap 11) to plan chain GRPO's 8 there; B0=4 plans 6.5.
+  long = f"{PATH}:testbed_long"
+  k, shapes = 8, method_shapes(long, 8)
+  entries = {algo: _entry(algo, shapes[algo], ",testbed_long") for algo in REPRODUCTION}
+  entries["tree_grpo_quarter"] = _entry("tree_grpo", shape(long, "tree_grpo", k // 4),
+                                        ",testbed_long")
+  return Sweep("frozenlake_long", f"{PATH}:algo=patr,testbed_long", entries,
+               seeds=REPRODUCTION_SEEDS, equal_budget=(REPRODUCTION,),
+               description=f"FrozenLake on the long-horizon testbed: chain GRPO / Tree-GRPO / "
+                           f"Tree-Random / PATR at {k} planned trajectories per prompt and "
+                           f"Tree-GRPO at {k // 4}, 5 seeds")
+
+
 def frozenlake_ablations() -> Sweep:
   k, shapes = _shapes()
   tree = _entry("tree_grpo", shapes["tree_grpo"], ",testbed")
@@ -101,4 +119,5 @@ def toolcall_reproduction() -> Sweep:
 SWEEPS = {"frozenlake_methods": frozenlake_methods,
           "frozenlake_reproduction": frozenlake_reproduction,
           "frozenlake_ablations": frozenlake_ablations,
+          "frozenlake_long": frozenlake_long,
           "toolcall_reproduction": toolcall_reproduction}

@@ -80,5 +80,5 @@ def test_cli_refuses_a_bad_value_under_print_config_and_an_unknown_preset_in_one
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
   assert ("error: ConfigError: unknown frozenlake preset '' (config.env.preset); known: "
-          "['ragen', 'rllm', 'rllm_small']") in proc.stderr.splitlines()
+          "['long', 'ragen', 'rllm', 'rllm_small']") in proc.stderr.splitlines()
   assert not os.path.exists(workdir)

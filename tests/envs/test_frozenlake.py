@@ -111,6 +111,19 @@ def test_generated_maps_reachable_and_within_ranges(maps):
   assert hp["p_min"] <= np.mean(frozen_fracs) <= hp["p_max"]
 
 
+def test_the_long_preset_draws_sides_5_to_7_whose_shortest_path_is_4_to_16_moves():
+  env = fl.FrozenLake("long")
+  states, _ = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(jax.random.split(KEY, 300),
+                                                              env.default_params)
+  s = jax.tree.map(np.asarray, states)
+  assert set(np.unique(s.nrow)) == {5, 6, 7} and env.max_size == 7
+  d = [_host_bfs(s.tiles[i], int(s.nrow[i]), s.start[i], np.argwhere(s.tiles[i] == fl.GOAL)[0])
+       for i in range(300)]
+  assert min(d) >= 4 and max(d) <= 16 and min(d) == 4   # the bound binds, and is met
+  with pytest.raises(ValueError, match="min_steps"):
+    fl.FrozenLake("long", min_size=2)   # no path of 4 moves fits every 2x2 map
+
+
 def test_distance_to_goal_matches_host_bfs(maps):
   env, s = maps
   d = np.asarray(jax.jit(jax.vmap(fl.distance_to_goal))(s))

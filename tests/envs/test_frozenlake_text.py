@@ -106,12 +106,13 @@ def _random_states(env, n, seed):
   return out
 
 
-@pytest.mark.parametrize("preset,hint,near", [("rllm", False, False), ("ragen", False, False),
-                                              ("rllm_small", True, False), ("rllm_small", True, True)])
+@pytest.mark.parametrize("preset,hint,near,grid", [
+    ("rllm", False, False, True), ("ragen", False, False, True), ("rllm_small", True, False, True),
+    ("rllm_small", True, True, True), ("long", True, True, False)])
 @pytest.mark.parametrize("tok_name", ["builtin_tok", "hf_tok"])
-def test_render_device_equals_host(preset, hint, near, tok_name, request):
+def test_render_device_equals_host(preset, hint, near, grid, tok_name, request):
   tok = request.getfixturevalue(tok_name)
-  env = fl.FrozenLake(preset, tokenizer=tok, goal_hint=hint, local_view=near)
+  env = fl.FrozenLake(preset, tokenizer=tok, goal_hint=hint, local_view=near, grid=grid)
   p = env.default_params
   prompt = jax.jit(jax.vmap(env.initial_prompt_tokens, in_axes=(0, None)))
   obs = jax.jit(jax.vmap(env.observation_tokens, in_axes=(0, 0, None)))
@@ -128,7 +129,7 @@ def test_render_device_equals_host(preset, hint, near, tok_name, request):
       if k == 0:
         want = ft.initial_prompt_text(env, env.text.markup, s, p)
       else:
-        want = ft.observation_text(env.text.markup, s, p, bool(closed[i]), hint, near)
+        want = ft.observation_text(env.text.markup, s, p, bool(closed[i]), hint, near, grid)
       got = list(np.asarray(toks[i, :lens[i]]))
       assert tok.decode(got) == want
       assert got == tok.encode(want)      # the canonical tokenization of the same text

@@ -181,7 +181,7 @@ def simulated_patr_trajectories(rc):
 
 @pytest.mark.parametrize("name", ["budget_curve", "toolcall_budget_curve", "frozenlake_methods",
                                   "frozenlake_reproduction", "frozenlake_ablations",
-                                  "toolcall_reproduction"])
+                                  "frozenlake_long", "toolcall_reproduction"])
 def test_shipped_equal_budget_sweeps_plan_equal_costs(name):
   sweep = sweeps.get(name)   # get refuses an unequal one
   costs = check_equal_budget(sweep)
@@ -229,6 +229,25 @@ def test_frozenlake_reproduction_runs_the_issue_arms_on_the_testbed():
   assert c["patr_drop_pruned"].rollout.keep_pruned is False
   assert c["patr_best_n"].rollout.keep_best == c["patr"].rollout.initial_branches
   assert (c["tree_random"].rollout.method, c["patr"].rollout.method) == ("tree_random", "patr")
+
+
+def test_frozenlake_long_runs_the_five_arms_on_the_long_testbed_at_its_own_shapes():
+  sweep = sweeps.get("frozenlake_long")
+  assert sweep.seeds == (0, 1, 2, 3, 4)
+  c = {r.entry: cfg for r, cfg in zip(sweep.runs([0]), check_all(sweep.runs([0])))}
+  assert set(c) == {"grpo", "tree_grpo", "tree_random", "patr", "tree_grpo_quarter"}
+  long = frozenlake.get_config("algo=grpo,testbed_long")
+  assert (long.env.preset, long.env.grid, long.env.local_view, long.rollout.max_turns) == (
+      "long", False, True, 16)
+  assert all(cfg.env == long.env and cfg.warmstart == long.warmstart for cfg in c.values())
+  for name, trajectories in (("tree_grpo", 8), ("tree_grpo_quarter", 2)):
+    t = c[name].rollout
+    assert t.num_trees * (1 + t.expand_iterations * t.expand_nodes / 2) == trajectories
+  for name in ("tree_random", "patr"):
+    r = c[name].rollout
+    assert r.score_every == 4 and r.expand_top_k == 2 and r.expand_children == 2
+    # 16 turns scored at 4, 8 and 12: B0 = 5 and the top 2 of each scoring plan about 8
+    assert simulated_patr_trajectories(r) == pytest.approx(8, rel=0.1)
 
 
 def test_toolcall_reproduction_runs_chain_and_trees_on_the_testbed():

@@ -20,11 +20,13 @@ register("frozenlake", FrozenLake,
          fields=dict(
              goal_hint=False,   # observations also say where the goal is ("Goal: 2 Down, 1 Right.")
              local_view=False,  # observations end with what each move leads onto ("O:Down" ...)
+             grid=True,         # observations draw the map as text (off: status, hint, steps and
+                                # local view only: short observations over long episodes)
              eval_maps="",      # a JSON file of maps to evaluate on instead of the held-out split
                                 # ([{"rows": ["SFFH", ...]}, ...] in gymnasium letters; json_maps)
          ),
-         policy_fields=("goal_hint", "local_view"),
-         config_fields=("preset", "goal_hint", "local_view"),
+         policy_fields=("goal_hint", "local_view", "grid"),
+         config_fields=("preset", "goal_hint", "local_view", "grid"),
          tasks="tree_rl.envs.frozenlake.tasks:task_set",
          heuristic="tree_rl.envs.frozenlake.heuristic:progress",
          judge="tree_rl.envs.frozenlake.judge:JUDGE",

@@ -53,6 +53,7 @@ class FrozenLakeParams:
   slippery: Any = False
   success_rate: Any = 1.0 / 3.0
   max_steps: Any = 8          # moves per episode; maps need a path of at most this many moves
+  min_steps: Any = 0          # ... and of at least this many (long episodes on every map)
   max_turns: Any = 10         # agent turns per episode
   format_penalty: Any = 0.0   # reward of an invalid turn
 
@@ -114,7 +115,8 @@ def bfs_distance(tiles, nrow, ncol, src, dst):
 
 def generate_map(key, params: FrozenLakeParams, max_size: int):
   """(tiles int32[M, M], size, start, goal): size and p drawn once, then tiles and distinct
-  start/goal resampled until the goal is reachable within `params.max_steps` moves."""
+  start/goal resampled until the shortest safe path to the goal takes between
+  `params.min_steps` and `params.max_steps` moves."""
   k_size, k_p, k_loop = jax.random.split(key, 3)
   size = jax.random.randint(k_size, (), params.min_size, params.max_size + 1)
   p = jax.random.uniform(k_p, (), minval=params.p_min, maxval=params.p_max)
@@ -133,7 +135,8 @@ def generate_map(key, params: FrozenLakeParams, max_size: int):
     tiles = jnp.where(inside, jnp.where(frozen, FROZEN, HOLE), PAD)
     tiles = tiles.at[start[0], start[1]].set(FROZEN).at[goal[0], goal[1]].set(GOAL)
     d = bfs_distance(tiles, size, size, start, goal)
-    return tiles.astype(jnp.int32), start, goal, (d >= 0) & (d <= params.max_steps)
+    ok = (d >= 0) & (d >= params.min_steps) & (d <= params.max_steps)
+    return tiles.astype(jnp.int32), start, goal, ok
 
   def body(carry):
     k, *_ = carry

@@ -29,6 +29,12 @@ PRESETS = {
     "ragen": dict(params=dict(min_size=4, max_size=4, p_min=0.8, p_max=0.8, slippery=True,
                               max_steps=10, max_turns=5, format_penalty=-0.1),
                   max_size=4, max_actions=2, action_format="answer_tag"),
+    # Long episodes for a CPU policy: maps of side 5..7 whose shortest safe path takes 4..16
+    # moves (5.8 on average; the holes make the goal hint's straight walk fail on most of them),
+    # one move per turn, 16 moves and 16 turns (docs/envs.md measures the rule baselines).
+    "long": dict(params=dict(min_size=5, max_size=7, p_min=0.7, p_max=0.9, slippery=False,
+                             max_steps=16, min_steps=4, max_turns=16, format_penalty=0.0),
+                 max_size=7, max_actions=1, action_format="last_word"),
 }
 
 
@@ -39,7 +45,9 @@ class FrozenLake(TokenEnv):
   FrozenLakeParams field or max_size / max_actions / action_format / max_reply_tokens / goal_hint /
   local_view (goal_hint: every observation also says where the goal lies relative to the player,
   e.g. "Goal: 2 Down, 1 Right."; local_view: what each move leads onto, one line per move, e.g.
-  "O:Down" -- aids for policies too small to read the grid; off in the presets).
+  "O:Down" -- aids for policies too small to read the grid; off in the presets; grid: the map
+  drawn as text in every observation, on in the presets: off, a policy that reads only the
+  hint and the local view gets short observations over long episodes).
   Token methods (`initial_prompt_tokens`, `observation_tokens`, `parse_action`) need a tokenizer.
   """
 
@@ -51,7 +59,7 @@ class FrozenLake(TokenEnv):
       raise ValueError(f"unknown frozenlake preset {preset!r} (config.env.preset); known: {sorted(PRESETS)}")
     spec = PRESETS[preset]
     fields = {f.name for f in dataclasses.fields(FrozenLakeParams)}
-    statics = {"max_size", "max_actions", "action_format", "goal_hint", "local_view"}
+    statics = {"max_size", "max_actions", "action_format", "goal_hint", "local_view", "grid"}
     unknown = set(overrides) - fields - statics
     if unknown:
       raise ValueError(f"unknown frozenlake option(s) {sorted(unknown)}; known: "
@@ -62,6 +70,7 @@ class FrozenLake(TokenEnv):
     self.action_format = overrides.get("action_format", spec["action_format"])
     self.goal_hint = bool(overrides.get("goal_hint", False))
     self.local_view = bool(overrides.get("local_view", False))
+    self.grid = bool(overrides.get("grid", True))
     self.preset = preset
     _validate(p, self.max_size, self.max_actions, self.action_format)
     self._params = FrozenLakeParams(**{k: to_device(v) for k, v in p.items()})
@@ -140,6 +149,10 @@ def _validate(p, max_size, max_actions, action_format):
     raise ValueError(f"frozenlake needs 0 < p_min <= p_max <= 1, got {p['p_min']}, {p['p_max']}")
   if not 1 <= p["max_steps"] <= 99:
     raise ValueError(f"frozenlake max_steps must be in [1, 99], got {p['max_steps']}")
+  # a path of min_steps must exist on the smallest map (corner to corner), or generation never ends
+  if not 0 <= p.get("min_steps", 0) <= min(p["max_steps"], 2 * (p["min_size"] - 1)):
+    raise ValueError(f"frozenlake min_steps must be in [0, min(max_steps, 2 * (min_size - 1))], "
+                     f"got {p.get('min_steps')}")
   if p["max_turns"] < 1:
     raise ValueError(f"frozenlake max_turns must be >= 1, got {p['max_turns']}")
   if max_actions < 1:

@@ -39,7 +39,8 @@ class FrozenLakeMaps(LocalBuilder):
   RELEASE_NOTES = {"1.0.0": "First release."}
   BUILDER_CONFIGS = [FrozenLakeMapsConfig(name="rllm", preset="rllm"),
                      FrozenLakeMapsConfig(name="rllm_small", preset="rllm_small"),
-                     FrozenLakeMapsConfig(name="ragen", preset="ragen")]
+                     FrozenLakeMapsConfig(name="ragen", preset="ragen"),
+                     FrozenLakeMapsConfig(name="long", preset="long")]
 
   def _env(self):
     return FrozenLake(self.builder_config.preset)

@@ -114,8 +114,8 @@ def host_near(state) -> list[tuple[int, int]]:
   return out
 
 
-def content_text(state, params, head: str, goal_hint: bool = False, local_view: bool = False) -> str:
-  grid = host_grid(state)
+def content_text(state, params, head: str, goal_hint: bool = False, local_view: bool = False,
+                 grid: bool = True) -> str:
   remaining = max(int(params.max_steps) - int(state.steps), 0)
   near = "".join(near_text(*mc) for mc in host_near(state)) if local_view else ""
   hint = ""
@@ -123,21 +123,22 @@ def content_text(state, params, head: str, goal_hint: bool = False, local_view: 
     goal = np.argwhere(np.asarray(state.tiles) == fl.GOAL)[0]
     down, right = (int(g) - int(p) for g, p in zip(goal, np.asarray(state.pos)))
     hint = hint_text(down, right)
-  return (head + grid_text(grid, int(state.nrow), int(state.ncol)) + hint + steps_text(remaining)
-          + near)
+  drawn = grid_text(host_grid(state), int(state.nrow), int(state.ncol)) if grid else ""
+  return head + drawn + hint + steps_text(remaining) + near
 
 
 def initial_prompt_text(env, markup: tx.ChatMarkup, state, params) -> str:
   head = instructions(env.action_format, env.max_actions)
-  body = content_text(state, params, head, env.goal_hint, env.local_view)
+  body = content_text(state, params, head, env.goal_hint, env.local_view, env.grid)
   return markup.prompt_prefix + body + markup.gen_suffix
 
 
 def observation_text(markup: tx.ChatMarkup, state, params, turn_closed: bool,
-                     goal_hint: bool = False, local_view: bool = False) -> str:
+                     goal_hint: bool = False, local_view: bool = False, grid: bool = True) -> str:
   between = markup.between_closed if turn_closed else markup.between_open
   head = STATUS_TEXT[int(state.status)]
-  return between + content_text(state, params, head, goal_hint, local_view) + markup.gen_suffix
+  return (between + content_text(state, params, head, goal_hint, local_view, grid)
+          + markup.gen_suffix)
 
 
 _WORD_RE = re.compile(rb"(?<![A-Za-z])(Left|Down|Right|Up)(?![A-Za-z])")
@@ -197,7 +198,7 @@ class FrozenLakeText:
     self.near = tx.FragmentTable.build(tokenizer, [near_text(a, c) for a in range(4) for c in range(4)],
                                        self.pad_id)
     wl = self.wide.lengths
-    grid_cap = env.max_size * env.max_size * self.cells.max_length()
+    grid_cap = env.max_size * env.max_size * self.cells.max_length() if env.grid else 0
     tail = self.numbers.max_length() + int(wl[3]) + (self.hints.max_length() if env.goal_hint else 0)
     tail += 4 * self.near.max_length() if env.local_view else 0
     self.prompt_capacity = int(wl[0] + wl[4]) + grid_cap + tail
@@ -218,7 +219,9 @@ class FrozenLakeText:
     wt, wl = jnp.asarray(self.wide.tokens), jnp.asarray(self.wide.lengths)
     head_ids = jnp.stack(head_ids)
     remaining = jnp.clip(params.max_steps - state.steps, 0, _NUMBERS - 1)
-    groups = [(wt[head_ids], wl[head_ids]), self._grid_groups(state)]
+    groups = [(wt[head_ids], wl[head_ids])]
+    if self.env.grid:
+      groups.append(self._grid_groups(state))
     if self.env.goal_hint:
       m = self.env.max_size
       d = fl.goal_position(state) - state.pos + (m - 1)
