@@ -235,7 +235,9 @@ def watch_peers(heartbeat_s: float = HEARTBEAT_S, lost_after_s: float = LOST_AFT
   Process 0 hosts the coordination service: when it dies, jaxlib aborts every other process
   within about a second (exit status 134, SIGABRT), before any heartbeat is missed, with its
   own message: "Terminating process because the JAX distributed service detected fatal errors
-  ... Either the leader task was preempted/died/restarted unexpectedly". A process 0 that hangs
+  ... Either the leader task was preempted/died/restarted unexpectedly". (jaxlib's client takes a
+  `missed_heartbeat_callback` in its place, but in jaxlib 0.10.2 calling it aborts the process
+  too: the status it passes fails nanobind's cast, std::bad_cast, measured 2026-12-07). A process 0 that hangs
   rather than dies leaves the others without contact, which they report after `lost_after_s`
   as `lost contact with the coordination service (process 0 of n)`.
   """
