@@ -122,16 +122,18 @@ def turns_figure(runs: dict, title: str):
   return fig
 
 
-def write_figures(runs: dict, out_dir: str, env: str, rules: dict | None = None) -> list[str]:
-  """Write the PNGs `ENV_success_vs_step.png` (the report's top figure, with the rule
-  baselines `rules` when given), `ENV_success_vs_budget.png`, `ENV_mean_turns.png` into
-  out_dir; returns their names."""
+def write_figures(runs: dict, out_dir: str, env: str, rules: dict | None = None,
+                  prefix: str | None = None) -> list[str]:
+  """Write the PNGs `PREFIX_success_vs_step.png` (the report's top figure, with the rule
+  baselines `rules` when given), `PREFIX_success_vs_budget.png`, `PREFIX_mean_turns.png` into
+  out_dir (PREFIX: the env's name unless given); returns their names."""
   name = measures.ENVS.get(env, env)
+  prefix = prefix or env
   return [
       _save(success_figure(runs, env, f"{name}: held-out success vs RL step", rules), out_dir,
-            f"{env}_success_vs_step.png"),
+            f"{prefix}_success_vs_step.png"),
       _save(gain_figure(runs, f"{name}: held-out success gain vs spent budget"),
-            out_dir, f"{env}_success_vs_budget.png"),
+            out_dir, f"{prefix}_success_vs_budget.png"),
       _save(turns_figure(runs, f"{name}: mean turns per episode (bars: mean; dots: seeds)"),
-            out_dir, f"{env}_mean_turns.png"),
+            out_dir, f"{prefix}_mean_turns.png"),
   ]

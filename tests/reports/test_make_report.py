@@ -156,6 +156,24 @@ def test_rule_baselines_beside_the_summaries(tmp_path):
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_named_report_keeps_the_env_reports_files(tmp_path):
+  # two testbeds of one env (frozenlake and its long-horizon testbed) keep two reports
+  directory = fixture(str(tmp_path / "runs"))
+  out = tmp_path / "out"
+  (out).mkdir()
+  (out / "frozenlake_long_notes.md").write_text("## Notes of the long testbed\n")
+  path, _ = report.build(directory, str(out), name="frozenlake_long")
+  assert path == str(out / "frozenlake_long.md")
+  assert sorted(os.listdir(out)) == ["frozenlake_long.md", "frozenlake_long_mean_turns.png",
+                                     "frozenlake_long_notes.md",
+                                     "frozenlake_long_success_vs_budget.png",
+                                     "frozenlake_long_success_vs_step.png"]
+  text = (out / "frozenlake_long.md").read_text()
+  assert "--name frozenlake_long` from" in text and text.startswith("# FrozenLake reproduction")
+  assert "![frozenlake_long_success_vs_step.png]" in text
+  assert text.rstrip().endswith("## Notes of the long testbed")
+
+
 def test_tables(built):
   text = built[3]
   lines = text.splitlines()
