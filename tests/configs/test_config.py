@@ -249,8 +249,8 @@ def test_each_baseline_takes_its_references_learner(module, algo):
 def test_from_scratch_models_get_the_cpu_measured_learning_rate(module):
   for model in ("tiny", "small"):
     c = module.get_config(f"algo=patr,model={model}")
-    # the FrozenLake main job (tiny, from its shipped warm start) measured its own: 3e-4
-    lr = 3e-4 if module is frozenlake and model == "tiny" else 1e-3
+    # the FrozenLake main job (tiny, from its shipped warm start) measured its own: 1e-4
+    lr = 1e-4 if module is frozenlake and model == "tiny" else 1e-3
     assert c.learner.learning_rate == lr and c.rollout.max_tokens_per_turn <= 24
 
 
