@@ -179,9 +179,10 @@ def _testbed_long(c):
   whose shortest safe path takes 4..16 moves (`env.preset=long`, 5.8 on average); on the
   held-out maps the hint rule wins under half and the local-view rule about two thirds
   (`experiments.rule_baselines`; docs/envs.md). The policy reads the hint and the local view,
-  not the grid, so observations leave the grid out (45 tokens instead of about 100 on a 7x7)."""
+  not the grid, so observations leave the grid out (45 tokens instead of about 100 on a 7x7).
+  Otherwise the testbed's choices (`_testbed`), with the differences below."""
+  _testbed(c)
   c.env.preset = "long"
-  c.env.local_view = True
   c.env.grid = False
   c.rollout.max_turns = 16
   # PATR: B0=4 branches, the top 2 expanded into M=2 children at every K=4 turns, at most 8
@@ -192,21 +193,11 @@ def _testbed_long(c):
   # for (16 tokens a reply, observations at their 59-token capacity) is 1332 tokens
   c.sampler.obs_chunk = 48
   c.learner.row_tokens = 1344
-  # warm start: as the testbed's (noisy expert, its noisy moves trained on, most demos starting
-  # next to a hole, SFT lr 1e-3, checks on 256 train maps), stopped early, near 0.55 greedy on
-  # train maps: RL starts 10+ points below the local-view rule
-  c.warmstart.num_demos = 4096
-  c.warmstart.hard_fraction = 0.9
-  c.warmstart.loss_on_noise = True
+  # the warm start stops early, near 0.55 greedy on train maps (two checks running, every 50
+  # steps): RL starts 10+ points below the local-view rule
   c.warmstart.max_len = 768          # a demo: the prompt and up to 16 turns of 47 tokens
-  c.warmstart.steps = 2000
-  c.warmstart.learning_rate = 1e-3
-  c.warmstart.eval_prompts = 256
   c.warmstart.target_success = 0.55
   c.warmstart.stop_window = 2
   c.warmstart.eval_every = 50
   c.warmstart.attempts = 2
-  c.learner.learning_rate = 3e-4
   c.train.num_steps = 120
-  c.train.eval_every = 20
-  c.train.eval_samples = 4

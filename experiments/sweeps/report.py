@@ -25,7 +25,7 @@ chains; ARPO B0=4 and a cap of 8 branches. The quarter: Tree-GRPO M=1, N=2, L=1.
 every method runs its own rule, and the report sets the spent budget beside the planned one.
 """
 
-from experiments.sweeps.budget import method_shapes, shape
+from experiments.sweeps.budget import method_shapes, shape, with_algo
 from experiments.sweeps.build import base_values
 from experiments.sweeps.core import CONFIG_KEY, Sweep
 from experiments.sweeps.tree_grpo import ADVANTAGE
@@ -40,7 +40,7 @@ ABLATION_SEEDS = (0, 1, 2)
 
 def _shapes(path: str = PATH) -> tuple[int, dict]:
   """Chain GRPO's group k and each method's rollout shape planning k trajectories per prompt."""
-  k = int(base_values(f"{path}:algo=grpo", ["rollout.group_size"])["rollout.group_size"])
+  k = int(base_values(with_algo(path, "grpo"), ["rollout.group_size"])["rollout.group_size"])
   return k, method_shapes(path, k)
 
 
@@ -58,34 +58,32 @@ def frozenlake_methods() -> Sweep:
                            f"{k} planned trajectories per prompt, 3 seeds")
 
 
+def _five_arms(name: str, arg: str, shaped_on: str, what: str) -> Sweep:
+  """Chain GRPO, Tree-GRPO, Tree-Random and PATR at chain GRPO's planned budget and Tree-GRPO
+  at a quarter of it, on `PATH:arg`, with the rollout shapes planned on `shaped_on`."""
+  k, shapes = _shapes(shaped_on)
+  entries = {algo: _entry(algo, shapes[algo], f",{arg}") for algo in REPRODUCTION}
+  entries["tree_grpo_quarter"] = _entry("tree_grpo", shape(shaped_on, "tree_grpo", k // 4),
+                                        f",{arg}")
+  return Sweep(name, f"{PATH}:algo=patr,{arg}", entries,
+               seeds=REPRODUCTION_SEEDS, equal_budget=(REPRODUCTION,),
+               description=f"{what}: chain GRPO / Tree-GRPO / Tree-Random / PATR at {k} planned "
+                           f"trajectories per prompt and Tree-GRPO at {k // 4}, 5 seeds")
+
+
 def frozenlake_reproduction() -> Sweep:
   # The testbed changes the view, the warm start and the schedule, not the rollout: the shapes
   # of the default config are the testbed's (and `sweeps.get` checks the budgets on the
   # testbed configs themselves).
-  k, shapes = _shapes()
-  entries = {algo: _entry(algo, shapes[algo], ",testbed") for algo in REPRODUCTION}
-  entries["tree_grpo_quarter"] = _entry("tree_grpo", method_shapes(PATH, k // 4)["tree_grpo"],
-                                        ",testbed")
-  return Sweep("frozenlake_reproduction", f"{PATH}:algo=patr,testbed", entries,
-               seeds=REPRODUCTION_SEEDS, equal_budget=(REPRODUCTION,),
-               description=f"FrozenLake reproduction on the testbed: chain GRPO / Tree-GRPO / "
-                           f"Tree-Random / PATR at {k} planned trajectories per prompt and "
-                           f"Tree-GRPO at {k // 4}, 5 seeds")
+  return _five_arms("frozenlake_reproduction", "testbed", PATH,
+                    "FrozenLake reproduction on the testbed")
 
 
 def frozenlake_long() -> Sweep:
   # Shapes planned on the long testbed itself (16 turns, scoring every 4): PATR and Tree-Random
   # need B0=5 (cap 11) to plan chain GRPO's 8 there; B0=4 plans 6.5.
-  long = f"{PATH}:testbed_long"
-  k, shapes = 8, method_shapes(long, 8)
-  entries = {algo: _entry(algo, shapes[algo], ",testbed_long") for algo in REPRODUCTION}
-  entries["tree_grpo_quarter"] = _entry("tree_grpo", shape(long, "tree_grpo", k // 4),
-                                        ",testbed_long")
-  return Sweep("frozenlake_long", f"{PATH}:algo=patr,testbed_long", entries,
-               seeds=REPRODUCTION_SEEDS, equal_budget=(REPRODUCTION,),
-               description=f"FrozenLake on the long-horizon testbed: chain GRPO / Tree-GRPO / "
-                           f"Tree-Random / PATR at {k} planned trajectories per prompt and "
-                           f"Tree-GRPO at {k // 4}, 5 seeds")
+  return _five_arms("frozenlake_long", "testbed_long", f"{PATH}:testbed_long",
+                    "FrozenLake on the long-horizon testbed")
 
 
 def frozenlake_ablations() -> Sweep:
