@@ -106,6 +106,8 @@ def main(argv=None):
   ap.add_argument("--summaries", default="experiments/reports/frozenlake_runs",
                   help="where the per-run summaries go (the report is built from them)")
   ap.add_argument("--out_dir", default="experiments/reports")
+  ap.add_argument("--name", default=None, help="the report's name (make_report --name; default: "
+                  "the env's, e.g. frozenlake)")
   args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
   names = args.sweep or ["frozenlake_methods"]
   known = {e for name in names for e in sweeps.get(name).entries}
@@ -125,7 +127,8 @@ def main(argv=None):
   for name in names:
     if os.path.isdir(os.path.join(args.root, name)):    # a sweep none of whose runs were picked has none
       summaries.write_summaries(os.path.join(args.root, name), args.summaries)
-  make_report.main(["--summaries", args.summaries, "--out_dir", args.out_dir])
+  make_report.main(["--summaries", args.summaries, "--out_dir", args.out_dir]
+                   + (["--name", args.name] if args.name else []))
 
 
 if __name__ == "__main__":
