@@ -28,12 +28,12 @@ BUDGETS = (2, 4, 8, 16)
 TOLERANCE = 0.10
 
 
-@functools.lru_cache(maxsize=None)
 def with_algo(path: str, algo: str) -> str:
   """The config argument of `algo` on `path`, a file or a file with arguments (`file.py:testbed`)."""
   return f"{path},algo={algo}" if ":" in path else f"{path}:algo={algo}"
 
 
+@functools.lru_cache(maxsize=None)
 def _base_rollout(path: str, algo: str) -> dict:
   r = load_config(with_algo(path, algo)).rollout
   return {k: r[k] for k in r}
