@@ -232,12 +232,15 @@ def watch_peers(heartbeat_s: float = HEARTBEAT_S, lost_after_s: float = LOST_AFT
   A process that ends normally posts "done" and is watched no more (at exit, or
   `stop_watching()` before `jax.distributed.shutdown()`).
 
-  Process 0 hosts the coordination service: when it dies, jaxlib aborts every other process
-  within about a second (exit status 134, SIGABRT), before any heartbeat is missed, with its
-  own message: "Terminating process because the JAX distributed service detected fatal errors
-  ... Either the leader task was preempted/died/restarted unexpectedly". (jaxlib's client takes a
-  `missed_heartbeat_callback` in its place, but in jaxlib 0.10.2 calling it aborts the process
-  too: the status it passes fails nanobind's cast, std::bad_cast, measured 2026-12-07). A process 0 that hangs
+  The coordination service runs in a child process of process 0 when the job names its
+  coordinator and process ids (`tree_rl.coordination`, started by
+  `maybe_initialize_distributed`): it outlives a killed process 0 for 30 s, so the others name
+  process 0 within the same bound. Where jax hosts the service inside process 0 (addresses left
+  to jax's cluster detection), or process 0's whole host is lost, jaxlib aborts every other
+  process within about a second instead (exit status 134, SIGABRT), with its own message:
+  "Terminating process because the JAX distributed service detected fatal errors ... Either the
+  leader task was preempted/died/restarted unexpectedly" (jaxlib's `missed_heartbeat_callback`
+  is no way out: in jaxlib 0.10.2 calling it aborts too, std::bad_cast). A service that hangs
   rather than dies leaves the others without contact, which they report after `lost_after_s`
   as `lost contact with the coordination service (process 0 of n)`.
   """

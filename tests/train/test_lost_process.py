@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from tree_rl import hosts
+from tree_rl import coordination, hosts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -23,8 +23,9 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _start(tmp_path, fail=None):
-  """Both processes, once each one is watching: [(Popen, stdout path, stderr path)]."""
+def _start(tmp_path, then=None):
+  """Both processes, once each one is watching: [(Popen, stdout path, stderr path)]; process i
+  does `then[i]` ("raise" or "finish") after a few collectives (lost_peer_worker.py)."""
   port, env = _free_port(), dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
   procs = []
@@ -32,7 +33,7 @@ def _start(tmp_path, fail=None):
     out, err = tmp_path / f"out{i}.txt", tmp_path / f"err{i}.txt"
     cmd = [sys.executable, os.path.join(HERE, "lost_peer_worker.py"), str(port), str(i), "2"]
     with open(out, "w") as o, open(err, "w") as e:
-      procs.append((subprocess.Popen(cmd + (["raise"] if i == fail else []), cwd=ROOT, env=env,
+      procs.append((subprocess.Popen(cmd + ([then[i]] if then and i in then else []), cwd=ROOT, env=env,
                                      stdout=o, stderr=e), out, err))
   deadline = time.monotonic() + 120
   while not all("ready" in out.read_text() for _, out, _ in procs):
@@ -83,7 +84,7 @@ def test_a_killed_process_is_named_by_the_survivor_within_the_bound(tmp_path):
 
 
 def test_a_process_that_fails_stops_the_others_with_a_line(tmp_path):
-  procs = _start(tmp_path, fail=0)   # process 0, the coordinator, raises
+  procs = _start(tmp_path, {0: "raise"})   # process 0, the coordinator, raises
   try:
     rc1, took = _exit_within(procs[1][0], BOUND_S)
     rc0, _ = _exit_within(procs[0][0], 10)
@@ -97,17 +98,62 @@ def test_a_process_that_fails_stops_the_others_with_a_line(tmp_path):
   assert "Traceback" not in err1, err1[-3000:]
 
 
-def test_a_killed_coordinator_aborts_the_others_at_once(tmp_path):
-  """Process 0 hosts the coordination service: jaxlib aborts the others itself, with its own
-  message, before any heartbeat is missed (documented in watch_peers)."""
+def _service_pid(out) -> int:
+  """The coordination service's process, as process 0 printed it."""
+  return int(next(line.split()[1] for line in out.read_text().splitlines()
+                  if line.startswith("service ")))
+
+
+def _running(pid: int) -> bool:
+  """Whether `pid` runs (an exited child not yet reaped by its new parent does not)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except FileNotFoundError:
+    return False
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+  end = time.monotonic() + seconds
+  while _running(pid):
+    if time.monotonic() > end:
+      return False
+    time.sleep(0.2)
+  return True
+
+
+def test_a_killed_coordinator_is_named_by_the_survivor_within_the_bound(tmp_path):
+  """Process 0's coordination service runs in a child process (tree_rl.coordination): it
+  outlives a killed process 0, so the survivor names process 0 as it names any other; the
+  service then ends on its own, `GRACE_S` after process 0."""
   procs = _start(tmp_path)
+  service = _service_pid(procs[0][1])
   try:
     time.sleep(1.5)
     procs[0][0].send_signal(signal.SIGKILL)
-    rc, took = _exit_within(procs[1][0], 5.0)
+    killed = time.monotonic()
+    rc, took = _exit_within(procs[1][0], BOUND_S)
+    assert _running(service), "the service ended before the survivor named process 0"
+    assert _gone_within(service, coordination.GRACE_S - (time.monotonic() - killed) + 5.0)
   finally:
     _kill(procs)
+    if _running(service):
+      os.kill(service, signal.SIGKILL)
   err = procs[1][2].read_text()
-  assert rc != 0, err[-3000:]
-  assert "Terminating process because the JAX distributed service detected fatal" in err, err
-  assert "coordination service" in err, err[-3000:]
+  assert rc == hosts.LOST_EXIT_STATUS, err[-3000:]
+  assert _error_lines(err) == ["error: process 0 of 2 stopped responding (no heartbeat for 10 s);"
+                               " stopping process 1"], err[-3000:]
+  assert "Traceback" not in err and "Terminating process" not in err, err[-3000:]
+  assert took > hosts.LOST_AFTER_S - hosts.HEARTBEAT_S - 0.5, took
+
+
+def test_a_job_that_ends_normally_ends_its_coordination_service(tmp_path):
+  procs = _start(tmp_path, {0: "finish", 1: "finish"})
+  service = _service_pid(procs[0][1])
+  try:
+    rc0, _ = _exit_within(procs[0][0], 60)
+    rc1, _ = _exit_within(procs[1][0], 60)
+    assert _gone_within(service, 10.0)
+  finally:
+    _kill(procs)
+  assert (rc0, rc1) == (0, 0), procs[0][2].read_text()[-3000:] + procs[1][2].read_text()[-3000:]

@@ -26,7 +26,16 @@ def maybe_initialize_distributed(mesh_cfg) -> None:
     kwargs["num_processes"] = mesh_cfg.num_processes
   if mesh_cfg.process_id >= 0:
     kwargs["process_id"] = mesh_cfg.process_id
-  jax.distributed.initialize(**kwargs)
+  if mesh_cfg.process_id == 0 and mesh_cfg.coordinator_address and mesh_cfg.num_processes > 1:
+    # process 0 hosts the coordination service in a child process, so that losing process 0
+    # stops the others with a line naming it (tree_rl.coordination); with the addresses left to
+    # jax's cluster detection, jax hosts it inside process 0
+    from tree_rl import coordination
+    service = coordination.start(mesh_cfg.coordinator_address, mesh_cfg.num_processes)
+    with coordination.service_started_by(service):
+      jax.distributed.initialize(**kwargs)
+  else:
+    jax.distributed.initialize(**kwargs)
   # One collective while every process is here: the CPU collectives' context is set up now,
   # not at a first collective that processes reach far apart (gloo gives up after 30 s).
   from jax.experimental import multihost_utils
