@@ -157,3 +157,21 @@ def test_a_job_that_ends_normally_ends_its_coordination_service(tmp_path):
   finally:
     _kill(procs)
   assert (rc0, rc1) == (0, 0), procs[0][2].read_text()[-3000:] + procs[1][2].read_text()[-3000:]
+
+
+def test_process_zero_is_known_before_initialize_on_a_slurm_cluster(monkeypatch):
+  """The coordination service's process is chosen before `jax.distributed.initialize`: the ids a
+  cluster gives (SLURM here) are read as initialize would read them; explicit ones are kept."""
+  from tree_rl.learner.sharding import _detect_unset
+  env = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "node[07-08]", "SLURM_NTASKS": "4",
+         "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+  for k, v in env.items():
+    monkeypatch.setenv(k, v)
+  monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+  monkeypatch.delenv("JAX_LOCAL_DEVICE_IDS", raising=False)
+  found = _detect_unset({})
+  # the port SLURM's job id gives (4242 % 4096 + 61440) on the first node of the step
+  assert found == {"coordinator_address": "node07:61586", "num_processes": 4, "process_id": 0,
+                   "local_device_ids": [0]}
+  assert _detect_unset({"coordinator_address": "h:1", "num_processes": 2, "process_id": 1})[
+      "process_id"] == 1

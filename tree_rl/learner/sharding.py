@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import jax
@@ -26,12 +27,12 @@ def maybe_initialize_distributed(mesh_cfg) -> None:
     kwargs["num_processes"] = mesh_cfg.num_processes
   if mesh_cfg.process_id >= 0:
     kwargs["process_id"] = mesh_cfg.process_id
-  if mesh_cfg.process_id == 0 and mesh_cfg.coordinator_address and mesh_cfg.num_processes > 1:
+  kwargs = _detect_unset(kwargs)
+  if kwargs.get("process_id") == 0 and kwargs.get("num_processes", 1) > 1:
     # process 0 hosts the coordination service in a child process, so that losing process 0
-    # stops the others with a line naming it (tree_rl.coordination); with the addresses left to
-    # jax's cluster detection, jax hosts it inside process 0
+    # stops the others with a line naming it (tree_rl.coordination)
     from tree_rl import coordination
-    service = coordination.start(mesh_cfg.coordinator_address, mesh_cfg.num_processes)
+    service = coordination.start(kwargs["coordinator_address"], kwargs["num_processes"])
     with coordination.service_started_by(service):
       jax.distributed.initialize(**kwargs)
   else:
@@ -42,6 +43,20 @@ def maybe_initialize_distributed(mesh_cfg) -> None:
   multihost_utils.sync_global_devices("tree_rl: jax.distributed initialized")
   from tree_rl import hosts
   hosts.watch_peers()   # a lost process stops the others with one line naming it
+
+
+def _detect_unset(kwargs: dict) -> dict:
+  """`kwargs` with the coordinator address, process count and id (and local devices) that
+  `jax.distributed.initialize` would detect from the cluster (TPU VM, SLURM, ...) filled in,
+  as it detects them; what it cannot detect stays unset (initialize then says so)."""
+  from jax._src import clusters
+  keys = ("coordinator_address", "num_processes", "process_id", "local_device_ids")
+  given = [kwargs.get(k) for k in keys]
+  if given[-1] is None and os.environ.get("JAX_LOCAL_DEVICE_IDS"):
+    given[-1] = [int(i) for i in os.environ["JAX_LOCAL_DEVICE_IDS"].split(",")]
+  given[0] = given[0] or os.environ.get("JAX_COORDINATOR_ADDRESS")
+  found = clusters.ClusterEnv.auto_detect_unset_distributed_params(*given, None, 300)
+  return {k: v for k, v in zip(keys, found) if v is not None}
 
 
 def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
