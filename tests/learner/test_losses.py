@@ -116,15 +116,17 @@ def test_packed_positions_and_predecessors_of_a_small_tree():
                       tokens=np.arange(10, 18), loss_mask=np.array([0, 0, 1, 1, 0, 1, 1, 1], bool),
                       old_logp=np.zeros(8, np.float32), advantages=np.array([0, 0, -2.0, 1.0]))
   pb = batches.pack_trees([tree], seq_len=10, max_nodes=5, aggregation="token_sum")
-  np.testing.assert_array_equal(pb.positions[0, :8], [0, 1, 2, 3, 4, 2, 3, 5])
-  np.testing.assert_array_equal(pb.pred_index[0, :8], [0, 0, 1, 2, 3, 1, 5, 4])
-  np.testing.assert_array_equal(pb.node_ids[0], [0, 0, 1, 1, 1, 2, 2, 3, -1, -1])
+  # packed depth-first: root, A, C, B (each subtree contiguous)
+  np.testing.assert_array_equal(pb.tokens[0, :8], [10, 11, 12, 13, 14, 17, 15, 16])
+  np.testing.assert_array_equal(pb.positions[0, :8], [0, 1, 2, 3, 4, 5, 2, 3])
+  np.testing.assert_array_equal(pb.pred_index[0, :8], [0, 0, 1, 2, 3, 4, 1, 6])
+  np.testing.assert_array_equal(pb.node_ids[0], [0, 0, 1, 1, 1, 2, 3, 3, -1, -1])
   # Leaves are B (A = -2) and C (A = +1); A's tokens lie under C only, the root's under both.
-  np.testing.assert_array_equal(pb.pos_weight[0, :8], [0, 0, 1, 1, 0, 0, 0, 1])
-  np.testing.assert_array_equal(pb.neg_weight[0, :8], [0, 0, 0, 0, 0, 2, 2, 0])
+  np.testing.assert_array_equal(pb.pos_weight[0, :8], [0, 0, 1, 1, 0, 1, 0, 0])
+  np.testing.assert_array_equal(pb.neg_weight[0, :8], [0, 0, 0, 0, 0, 0, 2, 2])
   mask = np.asarray(batches.packed_attention_mask(pb.node_ids, pb.ancestors))[0]
-  assert mask[7, :8].tolist() == [1, 1, 1, 1, 1, 0, 0, 1]      # C sees root, A, itself
-  assert mask[6, :8].tolist() == [1, 1, 0, 0, 0, 1, 1, 0]      # B sees root and itself
+  assert mask[5, :8].tolist() == [1, 1, 1, 1, 1, 1, 0, 0]      # C sees root, A, itself
+  assert mask[7, :8].tolist() == [1, 1, 0, 0, 0, 0, 1, 1]      # B sees root and itself
   lb = batches.leaf_batch([tree], seq_len=8)
   np.testing.assert_array_equal(lb.tokens, [[10, 11, 15, 16, 0, 0, 0, 0],
                                             [10, 11, 12, 13, 14, 17, 0, 0]])
@@ -140,8 +142,8 @@ def test_per_node_advantages_weigh_each_node_with_its_own():
                       tokens=np.arange(10, 18), loss_mask=np.array([0, 0, 1, 1, 0, 1, 1, 1], bool),
                       old_logp=np.zeros(8, np.float32), advantages=adv)
   pb = batches.pack_trees([tree], seq_len=10, max_nodes=5, aggregation="token_sum")
-  np.testing.assert_array_equal(pb.pos_weight[0, :8], [0, 0, 2, 2, 0, 0, 0, 0])
-  np.testing.assert_array_equal(pb.neg_weight[0, :8], [0, 0, 0, 0, 0, 3, 3, 1])
+  np.testing.assert_array_equal(pb.pos_weight[0, :8], [0, 0, 2, 2, 0, 0, 0, 0])  # root A C B
+  np.testing.assert_array_equal(pb.neg_weight[0, :8], [0, 0, 0, 0, 0, 1, 3, 3])
   lb = batches.leaf_batch([tree], seq_len=8)
   np.testing.assert_array_equal(lb.advantages, [[0, 0, -3, -3, 0, 0, 0, 0],
                                                 [0, 0, 2, 2, 2, -1, 0, 0]])

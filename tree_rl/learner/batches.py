@@ -322,6 +322,7 @@ def pack_trees(trees: list[TrainTree], seq_len: int, max_nodes: int, *, aggregat
   `totals` (default: these trees' `batch_totals`) sets the normalisers; pass `global_totals`
   when each host packs its own share of the batch.
   """
+  trees = [depth_first(t) for t in trees]     # subtrees contiguous in the row
   if share_prompts:
     trees = merge_shared_roots(trees, seq_len, max_nodes)
   leaf_w = _leaf_weights(trees, aggregation, totals)
@@ -364,33 +365,56 @@ def _fill_rows(arrays: dict, placed: list[list[int]], items: list[tuple[TrainTre
       node_base += items[i][0].num_nodes
 
 
+def _preorder(tree: TrainTree, keep) -> list[int]:
+  """The nodes of `keep` (closed under parents) in depth-first preorder, children ascending."""
+  children: dict[int, list[int]] = {}
+  for n in sorted(keep):
+    if tree.parent[n] >= 0:
+      children.setdefault(int(tree.parent[n]), []).append(n)
+  order, stack = [], [0]
+  while stack:
+    n = stack.pop()
+    order.append(n)
+    stack.extend(reversed(children.get(n, [])))
+  return order
+
+
+def _renumbered(tree: TrainTree, order: list[int], valid: np.ndarray) -> TrainTree:
+  """`tree` restricted to the nodes of `order` (parents first), numbered in that order, its
+  tokens laid out node after node; `valid`: the new leaf_valid."""
+  new = {old: i for i, old in enumerate(order)}
+  parent = np.array([-1 if tree.parent[o] < 0 else new[int(tree.parent[o])] for o in order])
+  flat = np.concatenate([np.arange(*tree.spans[o]) for o in order]).astype(np.int64)
+  lens = tree.spans[order, 1] - tree.spans[order, 0]
+  ends = np.cumsum(lens)
+  return TrainTree(parent=parent, spans=np.stack([ends - lens, ends], axis=1),
+                   tokens=tree.tokens[flat], loss_mask=tree.loss_mask[flat],
+                   old_logp=tree.old_logp[flat], advantages=np.asarray(tree.advantages)[order],
+                   ref_logp=_ref(tree)[flat], group_id=tree.group_id, leaf_valid=valid)
+
+
+def depth_first(tree: TrainTree) -> TrainTree:
+  """`tree` with its nodes renumbered (and its tokens laid out) in depth-first preorder: every
+  subtree's tokens are contiguous, which the packed rows' attention relies on
+  (`tree_flash.subtree_ends`). The identity on a tree already in that order."""
+  order = _preorder(tree, range(tree.num_nodes))
+  if order == list(range(tree.num_nodes)):
+    return tree
+  valid = None if tree.leaf_valid is None else np.asarray(tree.leaf_valid, bool)[order]
+  return _renumbered(tree, order, valid)
+
+
 def subtree(tree: TrainTree, leaves) -> tuple[TrainTree, dict[int, int]]:
   """The part of `tree` on the root-to-leaf paths of `leaves`, and {old node: new node}.
   Nodes are renumbered depth-first (parents still first), so each path's tokens sit close
   together in a packed row and the block-sparse attention reads few key blocks; exactly
   `leaves` are valid. Training on it gives those leaves the same tokens, contexts and
   advantages as in `tree`."""
-  keep = {n for leaf in leaves for n in tree.path(int(leaf))}
-  children: dict[int, list[int]] = {}
-  for n in sorted(keep):
-    if tree.parent[n] >= 0:
-      children.setdefault(int(tree.parent[n]), []).append(n)
-  order, stack = [], [0]
-  while stack:   # depth-first preorder
-    n = stack.pop()
-    order.append(n)
-    stack.extend(reversed(children.get(n, [])))
+  order = _preorder(tree, {n for leaf in leaves for n in tree.path(int(leaf))})
   new = {old: i for i, old in enumerate(order)}
-  parent = np.array([-1 if tree.parent[o] < 0 else new[int(tree.parent[o])] for o in order])
-  flat = np.concatenate([np.arange(*tree.spans[o]) for o in order]).astype(np.int64)
-  lens = tree.spans[order, 1] - tree.spans[order, 0]
-  ends = np.cumsum(lens)
   valid = np.zeros(len(order), bool)
   valid[[new[int(leaf)] for leaf in leaves]] = True
-  return TrainTree(parent=parent, spans=np.stack([ends - lens, ends], axis=1),
-                   tokens=tree.tokens[flat], loss_mask=tree.loss_mask[flat],
-                   old_logp=tree.old_logp[flat], advantages=np.asarray(tree.advantages)[order],
-                   ref_logp=_ref(tree)[flat], group_id=tree.group_id, leaf_valid=valid), new
+  return _renumbered(tree, order, valid), new
 
 
 def _pieces(tree: TrainTree, weights: dict[int, float], seq_len: int, max_nodes: int,
