@@ -149,7 +149,7 @@ def base_config(imports: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
       attention="auto",         # auto (cuDNN flash on GPU for causal rows) | einsum | xla | cudnn
       remat="none",             # none | full | dots: per-layer rematerialisation in the backward
       logits_chunk=0,           # >0: vocabulary projection + log-softmax over chunks of this many tokens
-      packed_attention="block",  # packed rows: block (block-sparse over ancestors) | dense (full mask)
+      packed_attention="auto",  # packed rows: auto (pallas on TPU, blocks of 128n; else block) | block | pallas | dense
       attention_block=32,       # packed rows: attention block size (pack_trees' block)
   )
   c.mesh = dict(

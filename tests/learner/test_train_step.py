@@ -109,6 +109,18 @@ def test_one_batch_with_remat_and_chunked_logits_equals_microbatches(single, pac
   assert_same(single[1:], (state, metrics))
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 2, 2)])
+def test_pallas_interpret_packed_attention_step_equals_the_block_attention_step(single, packed,
+                                                                                shape):
+  """`learner.packed_attention=pallas` (the flash kernel, interpreted on the CPU, per shard
+  under shard_map: rows over data x fsdp, heads over tensor) gives the update of the XLA
+  block-sparse attention (`auto` on a CPU)."""
+  c = config(shape, packed_attention="pallas")
+  step, state, metrics = run(c, packed, devices=None if shape != (1, 1, 1) else jax.devices()[:1])
+  assert step.packed_attention() == "pallas" and single[0].packed_attention() == "block"
+  assert_same(single[1:], (state, metrics))
+
+
 def test_leaf_batch_step_equals_packed_step(single):
   leaf = batches.leaf_batch(trees(), seq_len=24, rows=48)
   _, state, metrics = run(config(), leaf, devices=jax.devices()[:1])

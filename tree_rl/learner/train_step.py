@@ -24,6 +24,10 @@ from tree_rl.learner import losses, sharding
 from tree_rl.learner.batches import LeafBatch, PackedBatch, packed_attention_mask
 from tree_rl.learner.logprobs import make_attend, sequence_logprobs
 from tree_rl.learner.tree_attention import GROUP_BLOCKS, block_visibility, tree_block_attention
+from tree_rl.learner.tree_flash import subtree_ends, tree_flash_attention
+
+
+PACKED_ATTENTION = ("auto", "block", "pallas", "dense")   # tree-packed rows' attention
 
 
 @struct.dataclass
@@ -153,18 +157,59 @@ class TrainStep:
     nothing (causal rows)."""
     if "node_ids" not in mb:
       return None
-    if self.config.learner.packed_attention == "block":
+    kind = self.packed_attention()
+    if kind == "pallas":
+      return {"kv_end": subtree_ends(mb["node_ids"], mb["ancestors"]),
+              "kv_blocks": mb["kv_blocks"]}
+    if kind == "block":
       return [g[1:] for g in block_visibility(mb["node_ids"], mb["ancestors"], mb["kv_blocks"])]
     return packed_attention_mask(mb["node_ids"], mb["ancestors"])
+
+  def packed_attention(self) -> str:
+    """`learner.packed_attention` resolved on this mesh's platform: `auto` is the Pallas flash
+    kernel on a TPU when blocks are a multiple of 128 tokens (Mosaic's lane width), else the
+    block-sparse XLA attention."""
+    kind = str(self.config.learner.packed_attention)
+    platform = self.mesh.devices.flat[0].platform
+    block = int(self.config.learner.attention_block)
+    if kind == "auto":
+      return "pallas" if platform == "tpu" and block % 128 == 0 else "block"
+    if kind == "pallas" and platform == "tpu" and block % 128:
+      raise ValueError(f"learner.packed_attention='pallas' on a TPU needs learner.attention_block "
+                       f"a multiple of 128, got {block}")
+    return kind
 
   def _attention(self, inputs):
     """The `attend` hook of every layer over `_attention_inputs`."""
     lcfg = self.config.learner
+    if isinstance(inputs, dict):
+      return self._flash_attention(inputs)
     if not isinstance(inputs, list):   # a dense packed mask, or causal rows (None)
       return make_attend(lcfg.attention, inputs)
     layout = tuple((g * GROUP_BLOCKS, kpos, vis) for g, (kpos, vis) in enumerate(inputs))
     remat = lcfg.remat != "none"
     return lambda i, q, k, v, s: (tree_block_attention(q, k, v, layout, remat), s)
+
+  def _flash_attention(self, inputs):
+    """The Pallas kernel per shard (`jax.shard_map`: a kernel is not partitioned by XLA): rows
+    over the batch axes, heads over the tensor axis when both the query and the KV heads split
+    there (else every tensor shard attends all heads). Compiled on a TPU, interpreted elsewhere
+    (slow: for checking numerics)."""
+    interpret = self.mesh.devices.flat[0].platform != "tpu"
+    mesh, rules = self.mesh, self.rules
+
+    def attend(i, q, k, v, state):
+      def spec(heads, shape):
+        return sharding.logical_to_spec(("batch", None, heads, None), shape, rules, mesh)
+      qs, ks = spec("heads", q.shape), spec("kv_heads", k.shape)
+      if qs[2] != ks[2]:
+        qs = ks = P(qs[0], None, None, None)
+      kernel = jax.shard_map(
+          lambda q, k, v, e, lists: tree_flash_attention(q, k, v, e, lists, interpret=interpret),
+          mesh=mesh, in_specs=(qs, ks, ks, P(qs[0], None), P(qs[0], None, None)), out_specs=qs,
+          check_vma=False)
+      return kernel(q, k, v, inputs["kv_end"], inputs["kv_blocks"]), state
+    return attend
 
   def _loss(self, params, mb):
     lcfg = self.config.learner
@@ -449,8 +494,8 @@ def validate_config(config) -> None:
     raise ValueError(f"learner.attention={lcfg.attention!r}; known: {logprobs.ATTENTION}")
   if lcfg.remat not in logprobs.REMAT:
     raise ValueError(f"learner.remat={lcfg.remat!r}; known: {logprobs.REMAT}")
-  if lcfg.packed_attention not in ("block", "dense"):
-    raise ValueError(f"learner.packed_attention={lcfg.packed_attention!r}; known: ('block', 'dense')")
+  if lcfg.packed_attention not in PACKED_ATTENTION:
+    raise ValueError(f"learner.packed_attention={lcfg.packed_attention!r}; known: {PACKED_ATTENTION}")
   make_optimizer(lcfg)   # an unknown lr_schedule raises here, naming the known ones
   if int(lcfg.row_tokens) % int(lcfg.attention_block):
     raise ValueError(f"learner.row_tokens={lcfg.row_tokens} must be 0 (off) or a positive multiple "
