@@ -375,7 +375,6 @@ class StepPrograms:
     compute = mw.param_count * (2 if self.config.model.dtype == "bfloat16" else 4)
     fsdp = self.train_step.mesh.shape["fsdp"]
     f32 = 4 * mw.param_count / fsdp
-    lowered = self.train_step.lowered(first, reference=reference)
     grad = Work(flops=3 * mw.forward(tokens, pairs), bytes=2 * compute + 2 * f32)
     real = {"ref_logprobs": (Work(flops=mw.forward(tokens, pairs), bytes=compute), n),
             "update": (dataclasses.replace(grad, bytes=grad.bytes + 6 * f32), len(batches) * epochs),
@@ -383,23 +382,36 @@ class StepPrograms:
             "micro_add": (grad, n * epochs),
             "micro_apply": (Work(bytes=7 * f32), len(batches) * epochs)}
     shape = "x".join(str(d) for d in one.tokens.shape)
-    out = [Program(f"learner/{name}[{shape}]", "learner", (lambda l=low: l), real[name][1],
-                   real[name][0],
-                   note="" if name != "micro_add" else f"{n} micro-batches per update")
-           for name, low in lowered.items()]
-    for p in out:   # each loop's body alone, for the iterations XLA's cost analysis leaves out
-      if p.name.split("/")[1].split("[")[0] not in ("ref_logprobs", "update", "micro_add"):
-        continue
-      backward = not p.name.startswith("learner/ref_logprobs")
-      if lcfg.remat != "none":
-        p.loops.append(Loop("layers", self.work.layers, lambda b=backward: layer_loop_body(
-            self.train_step, one, backward=b)))
-      if int(lcfg.logits_chunk) and int(lcfg.logits_chunk) < one.tokens.shape[1]:
-        p.loops.append(Loop("vocabulary", -(-one.tokens.shape[1] // int(lcfg.logits_chunk)),
-                            lambda b=backward: logits_loop_body(self.train_step, one, backward=b)))
-      if p.loops:
-        p.note = "; ".join([p.note] * bool(p.note) +
-                           [f"{lp.name} loop x{lp.steps}" for lp in p.loops])
+
+    def programs(step, names=None, suffix="", calls=1):
+      """The learner's programs lowered by `step` (only `names`), with their loops' bodies."""
+      out = [Program(f"learner/{name}[{shape}]{suffix}", "learner", (lambda l=low: l),
+                     calls * real[name][1], real[name][0],
+                     note="" if name != "micro_add" else f"{n} micro-batches per update")
+             for name, low in step.lowered(first, reference=reference).items()
+             if names is None or name in names]
+      for p in out:   # each loop's body alone, for the iterations XLA's cost analysis leaves out
+        if p.name.split("/")[1].split("[")[0] not in ("ref_logprobs", "update", "micro_add"):
+          continue
+        backward = not p.name.startswith("learner/ref_logprobs")
+        if lcfg.remat != "none":
+          p.loops.append(Loop("layers", self.work.layers, lambda b=backward: layer_loop_body(
+              step, one, backward=b)))
+        if int(lcfg.logits_chunk) and int(lcfg.logits_chunk) < one.tokens.shape[1]:
+          p.loops.append(Loop("vocabulary", -(-one.tokens.shape[1] // int(lcfg.logits_chunk)),
+                              lambda b=backward: logits_loop_body(step, one, backward=b)))
+        if p.loops:
+          p.note = "; ".join([p.note] * bool(p.note) +
+                             [f"{lp.name} loop x{lp.steps}" for lp in p.loops])
+      return out
+
+    out = programs(self.train_step)
+    if self.train_step.packed_attention() == "pallas" and hasattr(one, "node_ids"):
+      # the block-sparse XLA attention beside the flash kernel, for comparison (not in the step)
+      block = self.config.copy_and_resolve_references()
+      block.learner.packed_attention = "block"
+      other = make_train_step(block, self.model, mesh=self.train_step.mesh)
+      out += programs(other, ("update", "micro_add"), " (block-sparse XLA, for comparison)", 0)
     return out
 
   def programs(self, phases=("rollout", "learner", "eval")) -> list[Program]:

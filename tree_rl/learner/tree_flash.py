@@ -52,7 +52,13 @@ def _visible(qblk, kblk, bq, bk, kend):
 
 
 def _dot(a, b, contract):
-  return jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32)
+  """A float32-accumulated product; float32 operands at full precision, others (bf16) as they
+  are (an explicit precision: a process-wide `jax_default_matmul_precision` of "highest" would
+  ask Mosaic for fp32 passes over bf16 operands, which it refuses)."""
+  full = a.dtype == jnp.float32 and b.dtype == jnp.float32
+  return jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32,
+                             precision=jax.lax.Precision.HIGHEST if full else
+                             jax.lax.Precision.DEFAULT)
 
 
 def _pick(lists, counts, b, i, s):
@@ -115,6 +121,19 @@ def _specs(g, bq, bk, d, query_side: bool):
   return qspec, rowspec, kspec, endspec
 
 
+def _cost(shape, block: int, pairs: int, matmuls: int, pair_bytes: int, once_bytes: int):
+  """XLA's cost of a kernel (`pl.CostEstimate`) over q of `shape` [B, KV, G, T, D] visiting
+  `pairs` (query block, key block) pairs per row and KV head, each taking `matmuls` [block x
+  block x D] products per query head and `pair_bytes` of copies; `once_bytes` move once. The
+  pairs are the lists' full width: an upper bound on what runs (entries past a list's count are
+  skipped)."""
+  b, kvh, g, _, d = shape
+  n = b * kvh * pairs
+  return pl.CostEstimate(flops=int(2 * matmuls * n * g * block * block * d),
+                         transcendentals=int(n * g * block * block),
+                         bytes_accessed=int(n * pair_bytes + once_bytes))
+
+
 def _params():
   return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
 
@@ -129,8 +148,12 @@ def _forward(q, k, v, kend, lists, counts, block, interpret):
       scratch_shapes=[pltpu.VMEM((g * block, 128), jnp.float32),
                       pltpu.VMEM((g * block, 128), jnp.float32),
                       pltpu.VMEM((g * block, d), jnp.float32)])
+  kv_pair = 2 * block * d * k.dtype.itemsize + 4 * block           # a K and a V block, kv_end
+  rows = b * kvh * g * t * 4                                         # one float32 per query
+  cost = _cost(q.shape, block, nb * w, 2, kv_pair, 2 * q.size * q.dtype.itemsize + rows)
   return pl.pallas_call(
       functools.partial(_fwd_kernel, scale=d ** -0.5), grid_spec=spec, interpret=interpret,
+      cost_estimate=cost,
       out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype),
                  jax.ShapeDtypeStruct((b, kvh, g, t, 1), jnp.float32)),
       compiler_params=_params(),
@@ -213,8 +236,12 @@ def _backward(q, k, v, kend, lists, counts, o, lse, do, block, interpret):
   nb, w = lists.shape[1:]
   delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1, keepdims=True)
   qspec, rowspec, kspec, endspec = _specs(g, block, block, d, True)
+  qbytes, kbytes, rows = q.size * q.dtype.itemsize, k.size * k.dtype.itemsize, b * kvh * g * t * 4
+  kv_pair = 2 * block * d * k.dtype.itemsize + 4 * block
+  q_pair = 2 * g * block * (d * q.dtype.itemsize + 4)                # q and dO blocks, lse, delta
   dq = pl.pallas_call(
       functools.partial(_dq_kernel, scale=d ** -0.5), interpret=interpret,
+      cost_estimate=_cost(q.shape, block, nb * w, 3, kv_pair, 3 * qbytes + 2 * rows),
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=2, grid=(b, kvh, nb, w),
           in_specs=[qspec, kspec, kspec, endspec, rowspec, qspec, rowspec], out_specs=qspec,
@@ -225,6 +252,7 @@ def _backward(q, k, v, kend, lists, counts, o, lse, do, block, interpret):
   qspec, rowspec, kspec, endspec = _specs(g, block, block, d, False)
   dk, dv = pl.pallas_call(
       functools.partial(_dkv_kernel, scale=d ** -0.5), interpret=interpret,
+      cost_estimate=_cost(q.shape, block, nb * w, 4, q_pair, 4 * kbytes + b * t * 4),
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=2, grid=(b, kvh, nb, nb),
           in_specs=[qspec, kspec, kspec, endspec, rowspec, qspec, rowspec],
