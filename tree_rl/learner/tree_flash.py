@@ -121,12 +121,18 @@ def _specs(g, bq, bk, d, query_side: bool):
   return qspec, rowspec, kspec, endspec
 
 
+def max_pairs(num_blocks: int, width: int) -> int:
+  """The most (query block, key block) pairs the lists can hold: query block i lists at most
+  min(width, i + 1) key blocks (none after itself). A static bound on what the kernels compute
+  (the lists' counts say what they do)."""
+  return sum(min(width, i + 1) for i in range(num_blocks))
+
+
 def _cost(shape, block: int, pairs: int, matmuls: int, pair_bytes: int, once_bytes: int):
   """XLA's cost of a kernel (`pl.CostEstimate`) over q of `shape` [B, KV, G, T, D] visiting
-  `pairs` (query block, key block) pairs per row and KV head, each taking `matmuls` [block x
-  block x D] products per query head and `pair_bytes` of copies; `once_bytes` move once. The
-  pairs are the lists' full width: an upper bound on what runs (entries past a list's count are
-  skipped)."""
+  `pairs` (query block, key block) pairs per row and KV head (`max_pairs`), each taking
+  `matmuls` [block x block x D] products per query head and `pair_bytes` of copies;
+  `once_bytes` move once."""
   b, kvh, g, _, d = shape
   n = b * kvh * pairs
   return pl.CostEstimate(flops=int(2 * matmuls * n * g * block * block * d),
@@ -150,7 +156,7 @@ def _forward(q, k, v, kend, lists, counts, block, interpret):
                       pltpu.VMEM((g * block, d), jnp.float32)])
   kv_pair = 2 * block * d * k.dtype.itemsize + 4 * block           # a K and a V block, kv_end
   rows = b * kvh * g * t * 4                                         # one float32 per query
-  cost = _cost(q.shape, block, nb * w, 2, kv_pair, 2 * q.size * q.dtype.itemsize + rows)
+  cost = _cost(q.shape, block, max_pairs(nb, w), 2, kv_pair, 2 * q.size * q.dtype.itemsize + rows)
   return pl.pallas_call(
       functools.partial(_fwd_kernel, scale=d ** -0.5), grid_spec=spec, interpret=interpret,
       cost_estimate=cost,
@@ -241,7 +247,7 @@ def _backward(q, k, v, kend, lists, counts, o, lse, do, block, interpret):
   q_pair = 2 * g * block * (d * q.dtype.itemsize + 4)                # q and dO blocks, lse, delta
   dq = pl.pallas_call(
       functools.partial(_dq_kernel, scale=d ** -0.5), interpret=interpret,
-      cost_estimate=_cost(q.shape, block, nb * w, 3, kv_pair, 3 * qbytes + 2 * rows),
+      cost_estimate=_cost(q.shape, block, max_pairs(nb, w), 3, kv_pair, 3 * qbytes + 2 * rows),
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=2, grid=(b, kvh, nb, w),
           in_specs=[qspec, kspec, kspec, endspec, rowspec, qspec, rowspec], out_specs=qspec,
@@ -252,7 +258,7 @@ def _backward(q, k, v, kend, lists, counts, o, lse, do, block, interpret):
   qspec, rowspec, kspec, endspec = _specs(g, block, block, d, False)
   dk, dv = pl.pallas_call(
       functools.partial(_dkv_kernel, scale=d ** -0.5), interpret=interpret,
-      cost_estimate=_cost(q.shape, block, nb * w, 4, q_pair, 4 * kbytes + b * t * 4),
+      cost_estimate=_cost(q.shape, block, max_pairs(nb, w), 4, q_pair, 4 * kbytes + b * t * 4),
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=2, grid=(b, kvh, nb, nb),
           in_specs=[qspec, kspec, kspec, endspec, rowspec, qspec, rowspec],
