@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,7 +37,14 @@ class _Service:
   def __init__(self, proc: subprocess.Popen):
     self.proc = proc
 
+  def kill(self) -> None:
+    """End the service at once (a graceful shutdown would wait for clients that are gone)."""
+    if self.proc.poll() is None:
+      self.proc.kill()
+      self.proc.wait()
+
   def shutdown(self) -> None:
+    """jax's exit path: every process has passed its shutdown barrier."""
     if self.proc.poll() is None:
       self.proc.send_signal(signal.SIGTERM)
       try:
@@ -46,34 +55,62 @@ class _Service:
 
 
 def bind_address(coordinator_address: str) -> str:
-  """Every interface at the coordinator's port, as `jax.distributed.initialize` binds."""
-  return "[::]:" + coordinator_address.rsplit(":", 1)[1]
+  """Where the service listens, as `jax.distributed.initialize` binds it: the
+  `JAX_COORDINATOR_BIND_ADDRESS` variable, else every interface at the coordinator's port."""
+  return os.environ.get("JAX_COORDINATOR_BIND_ADDRESS",
+                        "[::]:" + coordinator_address.rsplit(":", 1)[1])
+
+
+def _check_port_free(address: str) -> None:
+  """Refuse a port something listens on: gRPC binds with SO_REUSEPORT, so a second service
+  (say, a killed job's, inside its grace) would share the port with ours and take half the
+  connections. A plain socket's bind fails on it."""
+  host, port = address.rsplit(":", 1)
+  host = host.strip("[]")
+  family = socket.AF_INET6 if ":" in host else socket.AF_INET
+  with socket.socket(family, socket.SOCK_STREAM) as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # TIME_WAIT is no listener
+    try:
+      s.bind((host or "::", int(port)))
+    except OSError as e:
+      raise RuntimeError(f"the coordination service cannot listen at {address}: {e.strerror} "
+                         f"(a job still running, or one that ended less than {GRACE_S:.0f} s "
+                         f"ago, may hold it)") from None
 
 
 def start(coordinator_address: str, num_processes: int, heartbeat_timeout_s: int = 100,
-          shutdown_timeout_s: int = 300) -> _Service:
+          shutdown_timeout_s: int = 300, recoverable: bool = False) -> _Service:
   """The service, serving at `coordinator_address`'s port in a child process of this one."""
-  cmd = [sys.executable, "-m", "tree_rl.coordination", bind_address(coordinator_address),
-         str(num_processes), str(os.getpid()), str(heartbeat_timeout_s), str(shutdown_timeout_s)]
+  address = bind_address(coordinator_address)
+  _check_port_free(address)
+  cmd = [sys.executable, "-m", "tree_rl.coordination", address, str(num_processes),
+         str(os.getpid()), str(heartbeat_timeout_s), str(shutdown_timeout_s), str(int(recoverable))]
   # jaxlib's log lines go to a file nobody reads unless the start fails (a pipe left unread
   # would fill and block the service); its own session: a Ctrl-C meant for the job reaches
   # the job, whose exit ends the service
   with tempfile.TemporaryFile("w+") as log:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                             start_new_session=True)
-    line = proc.stdout.readline()     # "serving", or nothing when it failed
+    ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
+    line = proc.stdout.readline() if ready else ""     # "serving", or nothing when it failed
     proc.stdout.close()
     if line.strip() != "serving":
-      try:
-        proc.wait(timeout=START_TIMEOUT_S)
-      except subprocess.TimeoutExpired:
+      if proc.poll() is None:
         proc.kill()
-        proc.wait()
+      proc.wait()
       log.seek(0)
       last = (log.read().strip().splitlines() or ["(no output)"])[-1]
-      raise RuntimeError(f"the coordination service did not start at "
-                         f"{bind_address(coordinator_address)}: {last}")
+      raise RuntimeError(f"the coordination service did not start at {address}: {last}")
   return _Service(proc)
+
+
+def stop_here() -> None:
+  """End this process's service now, if it hosts one (process 0 before `os._exit`, once the
+  others have had their time to see it go): the grace is for an unplanned death only."""
+  from jax._src import distributed
+  service = distributed.global_state.service
+  if isinstance(service, _Service):
+    service.kill()
 
 
 @contextlib.contextmanager
@@ -89,11 +126,11 @@ def service_started_by(service: _Service):
 
 
 def _serve(address: str, num_processes: int, parent: int, heartbeat_timeout_s: int,
-           shutdown_timeout_s: int) -> None:
+           shutdown_timeout_s: int, recoverable: bool) -> None:
   from jax._src.lib import _jax
   service = _jax.get_distributed_runtime_service(
       address, num_processes, heartbeat_timeout=heartbeat_timeout_s,
-      shutdown_timeout=shutdown_timeout_s)
+      shutdown_timeout=shutdown_timeout_s, recoverable=recoverable)
   stop = []
   signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
   signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -108,5 +145,5 @@ def _serve(address: str, num_processes: int, parent: int, heartbeat_timeout_s: i
 
 
 if __name__ == "__main__":
-  address, n, parent, heartbeat, shutdown = sys.argv[1:6]
-  _serve(address, int(n), int(parent), int(heartbeat), int(shutdown))
+  address, n, parent, heartbeat, shutdown, recoverable = sys.argv[1:7]
+  _serve(address, int(n), int(parent), int(heartbeat), int(shutdown), bool(int(recoverable)))

@@ -167,7 +167,7 @@ class _PeerWatcher:
     print(f"error: {what}; stopping process {self.me}", file=sys.stderr, flush=True)
     if self.me == 0 and self.n > 2:   # the coordinator stays a moment: the others print first
       time.sleep(2 * self.heartbeat_s)
-    os._exit(LOST_EXIT_STATUS)
+    _exit(LOST_EXIT_STATUS)
 
   def settle(self, timeout: float) -> None:
     """Until every watched peer has posted again (it is alive) or `timeout` passes; a lost peer
@@ -194,6 +194,14 @@ class _PeerWatcher:
       self.client.key_value_set(f"{_KEY}{self.me}", status, allow_overwrite=True)
     except Exception:
       pass
+
+
+def _exit(status: int) -> None:
+  """`os._exit` (the main thread may be blocked in a collective), ending process 0's
+  coordination service first (`tree_rl.coordination`: its grace is for an unplanned death)."""
+  from tree_rl import coordination
+  coordination.stop_here()
+  os._exit(status)
 
 
 def _processes(ids) -> str:
@@ -232,11 +240,10 @@ def watch_peers(heartbeat_s: float = HEARTBEAT_S, lost_after_s: float = LOST_AFT
   A process that ends normally posts "done" and is watched no more (at exit, or
   `stop_watching()` before `jax.distributed.shutdown()`).
 
-  The coordination service runs in a child process of process 0 when the job names its
-  coordinator and process ids (`tree_rl.coordination`, started by
-  `maybe_initialize_distributed`): it outlives a killed process 0 for 30 s, so the others name
-  process 0 within the same bound. Where jax hosts the service inside process 0 (addresses left
-  to jax's cluster detection), or process 0's whole host is lost, jaxlib aborts every other
+  The coordination service runs in a child process of process 0 (`tree_rl.coordination`,
+  started by `maybe_initialize_distributed` with the ids given or detected from the cluster as
+  jax detects them): it outlives a killed process 0 for 30 s, so the others name process 0
+  within the same bound. Where process 0's whole host is lost, jaxlib aborts every other
   process within about a second instead (exit status 134, SIGABRT), with its own message:
   "Terminating process because the JAX distributed service detected fatal errors ... Either the
   leader task was preempted/died/restarted unexpectedly" (jaxlib's `missed_heartbeat_callback`
@@ -270,7 +277,7 @@ def watch_peers(heartbeat_s: float = HEARTBEAT_S, lost_after_s: float = LOST_AFT
     sys.stderr.flush()
     if w.me == 0:   # the coordinator stays until the others have seen "failed" and printed
       time.sleep(4 * w.heartbeat_s)
-    os._exit(1)
+    _exit(1)
 
   sys.excepthook = excepthook
 

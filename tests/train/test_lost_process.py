@@ -85,11 +85,16 @@ def test_a_killed_process_is_named_by_the_survivor_within_the_bound(tmp_path):
 
 def test_a_process_that_fails_stops_the_others_with_a_line(tmp_path):
   procs = _start(tmp_path, {0: "raise"})   # process 0, the coordinator, raises
+  service = _service_pid(procs[0][1])
   try:
     rc1, took = _exit_within(procs[1][0], BOUND_S)
     rc0, _ = _exit_within(procs[0][0], 10)
+    # a planned exit ends the service with it (the grace is for an unplanned death)
+    assert _gone_within(service, 3.0)
   finally:
     _kill(procs)
+    if _running(service):
+      os.kill(service, signal.SIGKILL)
   err0, err1 = procs[0][2].read_text(), procs[1][2].read_text()
   assert rc0 == 1 and "RuntimeError: a bug in this process" in err0, err0[-3000:]
   assert rc1 == hosts.LOST_EXIT_STATUS, err1[-3000:]
@@ -175,3 +180,15 @@ def test_process_zero_is_known_before_initialize_on_a_slurm_cluster(monkeypatch)
                    "local_device_ids": [0]}
   assert _detect_unset({"coordinator_address": "h:1", "num_processes": 2, "process_id": 1})[
       "process_id"] == 1
+
+
+def test_a_port_something_listens_on_is_refused_in_one_line():
+  """gRPC binds with SO_REUSEPORT: a second service would share a port with one still serving
+  (a killed job's, in its grace). `coordination.start` refuses such a port first."""
+  import pytest
+  with socket.socket() as busy:
+    busy.bind(("localhost", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    with pytest.raises(RuntimeError, match=f"cannot listen at \\[::\\]:{port}"):
+      coordination.start(f"localhost:{port}", 2)

@@ -28,13 +28,19 @@ def maybe_initialize_distributed(mesh_cfg) -> None:
   if mesh_cfg.process_id >= 0:
     kwargs["process_id"] = mesh_cfg.process_id
   kwargs = _detect_unset(kwargs)
-  if kwargs.get("process_id") == 0 and kwargs.get("num_processes", 1) > 1:
+  if (kwargs.get("process_id") == 0 and kwargs.get("num_processes", 1) > 1
+      and kwargs.get("coordinator_address")):
     # process 0 hosts the coordination service in a child process, so that losing process 0
     # stops the others with a line naming it (tree_rl.coordination)
     from tree_rl import coordination
-    service = coordination.start(kwargs["coordinator_address"], kwargs["num_processes"])
-    with coordination.service_started_by(service):
-      jax.distributed.initialize(**kwargs)
+    service = coordination.start(kwargs["coordinator_address"], kwargs["num_processes"],
+                                 recoverable=bool(jax.config.jax_enable_recoverability))
+    try:
+      with coordination.service_started_by(service):
+        jax.distributed.initialize(**kwargs)
+    except BaseException:
+      service.kill()
+      raise
   else:
     jax.distributed.initialize(**kwargs)
   # One collective while every process is here: the CPU collectives' context is set up now,
