@@ -213,7 +213,7 @@ def test_decode_with_the_pallas_window_kernel_compiles_for_v5e(tpu_devices):
   finally:
     sp.close()
 
-def test_tree_flash_attention_compiles_for_v5e_and_moves_fewer_bytes_than_the_block_path(
+def test_pallas_tree_flash_attention_compiles_for_v5e_and_moves_fewer_bytes_than_the_block_path(
     tpu_devices):
   """The Pallas flash kernel over packed trees compiles for v5e (Mosaic: 128-token blocks,
   grouped-query heads, bf16), forward and backward. Its forward FLOPs are the hand count over

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tree_rl.learner import batches, synthetic
-from tree_rl.learner.tree_flash import subtree_ends, transposed_lists, tree_flash_attention
+from tree_rl.learner.tree_flash import max_pairs, pair_lists, subtree_ends, tree_flash_attention
 from tree_rl.models.transformer import dense_attention
 
 
@@ -29,26 +29,31 @@ def test_subtree_ends_by_hand_for_pallas():
   np.testing.assert_array_equal(rule, mask)
 
 
-def test_transposed_lists_by_hand_for_pallas():
+def test_pair_lists_by_hand_for_pallas():
+  # query block 0 sees key block 0; block 1 sees 1 and 0; block 2 sees 2 and 0
   lists = jnp.asarray([[[0, -1, -1], [1, 0, -1], [2, 0, -1]]], jnp.int32)
-  got, counts = transposed_lists(lists)
-  assert np.asarray(got)[0].tolist() == [[0, 1, 2], [1, -1, -1], [2, -1, -1]]
-  assert np.asarray(counts)[0].tolist() == [3, 1, 1]
+  assert max_pairs(3, 3) == 6      # 1 + 2 + 3: the grid, whatever the lists hold
+  q, k, n = (np.asarray(x)[0].tolist() for x in pair_lists(lists, by_key=False))
+  assert (q, k, n) == ([0, 1, 1, 2, 2, 2], [0, 1, 0, 2, 0, 0], 5)   # the last pair repeats
+  q, k, n = (np.asarray(x)[0].tolist() for x in pair_lists(lists, by_key=True))
+  assert (q, k, n) == ([0, 1, 2, 1, 2, 2], [0, 0, 0, 1, 2, 2], 5)
 
 
-@pytest.mark.parametrize("shape", ["patr", "random"])
+@pytest.mark.parametrize("shape", ["patr", "patr_full_width", "random"])
 def test_pallas_interpret_flash_equals_dense_masked_attention(shape):
   """Output and gradient (q, k, v) equal dense attention under the packed mask, with grouped
-  query heads, on rows packed from trees whose nodes were not numbered depth-first."""
+  query heads, on rows packed from trees whose nodes were not numbered depth-first, with the
+  lists as wide as the batch needs or as the row (the fixed-shape micro-batches' width)."""
   rng = np.random.default_rng(11)
-  if shape == "patr":
+  if shape.startswith("patr"):
     trees = [synthetic.patr_tree(rng, prompt=8, action=5, obs=3, vocab=64, group_id=g)
              for g in range(3)]
-    pb = batches.pack_trees(trees, seq_len=256, max_nodes=64, block=16)
+    pb = batches.pack_trees(trees, seq_len=256, max_nodes=64, block=16,
+                            max_kv_blocks=16 if shape == "patr_full_width" else None)
   else:
     trees = [synthetic.random_tree(rng, 7, 64, group_id=g) for g in range(4)]
     pb = batches.pack_trees(trees, seq_len=64, max_nodes=32, block=8)
-  assert pb.kv_blocks.shape[2] < pb.kv_blocks.shape[1], "some blocks are skipped"
+  assert (pb.kv_blocks < 0).any(), "some blocks are skipped"
   b, t = pb.tokens.shape
   q = jnp.asarray(rng.normal(size=(b, t, 4, 8)), jnp.float32)
   k, v = (jnp.asarray(rng.normal(size=(b, t, 2, 8)), jnp.float32) for _ in range(2))

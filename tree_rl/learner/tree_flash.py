@@ -6,10 +6,12 @@ cost neither bytes nor FLOPs.
 The mask is one integer per key token. Packed rows lay each tree out depth-first (`pack_trees`),
 so the tokens of a node's subtree are contiguous: query i sees key j iff `j <= i < kv_end[j]`,
 `kv_end[j]` being the end of the subtree of j's node (`subtree_ends`); a padding token's end is
-j + 1 (itself only). The key blocks a query block visits are `PackedBatch.kv_blocks` (visible
-first, -1 pads), read through scalar prefetch, so a block past a list's count is neither copied
-nor computed; the backward pass walks the transposed lists (the query blocks that see each key
-block) for dK and dV, the forward lists for dQ.
+j + 1 (itself only). The (query block, key block) pairs to visit come from
+`PackedBatch.kv_blocks`, flattened into one list per row (`pair_lists`) that the kernels' last
+grid axis walks through scalar prefetch: ordered by query block for the forward pass and dQ (the
+output block stays in VMEM while its pairs run), by key block for dK and dV. The grid has as
+many steps as the most pairs any row can hold (`max_pairs`), not blocks x blocks; steps past a
+row's own count repeat its last pair without copying or computing.
 
 Grouped-query heads: one program takes the G query heads of one KV head, so each key block is
 copied once for all of them. The same kernels run on any backend in Pallas' interpret mode (the
@@ -61,42 +63,75 @@ def _dot(a, b, contract):
                              jax.lax.Precision.DEFAULT)
 
 
-def _pick(lists, counts, b, i, s):
-  """The s-th block of list (b, i), the last real one for steps past its count (no new copy)."""
-  return lists[b, i, jnp.minimum(s, counts[b, i] - 1)]
+# ----------------------------------------------------------------------------- pair lists
+
+def max_pairs(num_blocks: int, width: int) -> int:
+  """The most (query block, key block) pairs the lists can hold: query block i lists at most
+  min(width, i + 1) key blocks (none after itself). The kernels' grid length."""
+  return sum(min(width, i + 1) for i in range(num_blocks))
+
+
+def pair_lists(lists: jax.Array, by_key: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Every listed (query block, key block) pair of each row, ordered by query block (then as
+  listed) or, `by_key`, by key block (then by query block): (query blocks [B, P], key blocks
+  [B, P], pairs per row [B]), P = `max_pairs`; entries past a row's count repeat its last."""
+  b, nb, w = lists.shape
+  total = max_pairs(nb, w)
+  qb = jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32)[:, None], (nb, w)).reshape(-1)
+  kb = lists.reshape(b, nb * w)
+  valid = kb >= 0
+  if by_key:
+    key = jnp.where(valid, kb * nb + qb[None], nb * nb)
+  else:
+    key = jnp.where(valid, jnp.arange(nb * w, dtype=jnp.int32)[None], nb * w)
+  order = jnp.argsort(key, axis=-1, stable=True)[:, :total]
+  count = valid.sum(-1).astype(jnp.int32)
+  order = jnp.take_along_axis(order, jnp.minimum(jnp.arange(total)[None], count[:, None] - 1),
+                              axis=-1)
+  return (jnp.take(qb, order).astype(jnp.int32),
+          jnp.take_along_axis(kb, order, axis=-1).astype(jnp.int32), count)
+
+
+def _edges(major, p):
+  """Whether pair p is the first / last of its run of equal `major` blocks in its row."""
+  b, n = pl.program_id(0), pl.num_programs(2)
+  here = major[b, p]
+  first = (p == 0) | (major[b, jnp.maximum(p - 1, 0)] != here)
+  last = (p == n - 1) | (major[b, jnp.minimum(p + 1, n - 1)] != here)
+  return first, last
 
 
 # ----------------------------------------------------------------------------- forward
 
-def _fwd_kernel(lists, counts, q_ref, k_ref, v_ref, kend_ref, o_ref, lse_ref, m_s, l_s, acc_s,
+def _fwd_kernel(pq, pk, count, q_ref, k_ref, v_ref, kend_ref, o_ref, lse_ref, m_s, l_s, acc_s,
                 *, scale):
-  b, i, s = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+  b, p = pl.program_id(0), pl.program_id(2)
   g, bq, _ = q_ref.shape[2:]
   bk = k_ref.shape[2]
+  first, last = _edges(pq, p)
 
-  @pl.when(s == 0)
+  @pl.when(first)
   def _():
     m_s[...] = jnp.full(m_s.shape, NEG, jnp.float32)
     l_s[...] = jnp.zeros(l_s.shape, jnp.float32)
     acc_s[...] = jnp.zeros(acc_s.shape, jnp.float32)
 
-  @pl.when(s < counts[b, i])
+  @pl.when(p < count[b])
   def _():
-    kblk = lists[b, i, s]
-    vis = _visible(i, kblk, bq, bk, kend_ref[0])
+    vis = _visible(pq[b, p], pk[b, p], bq, bk, kend_ref[0])
     k, v = k_ref[0, 0], v_ref[0, 0]
     for h in range(g):
       rows = slice(h * bq, (h + 1) * bq)
       sc = jnp.where(vis, _dot(q_ref[0, 0, h], k, ((1,), (1,))) * scale, NEG)
       m_old = m_s[rows, :1]
       m_new = jnp.maximum(m_old, sc.max(axis=1, keepdims=True))
-      p = jnp.where(vis, jnp.exp(sc - m_new), 0.0)
+      pr = jnp.where(vis, jnp.exp(sc - m_new), 0.0)
       corr = jnp.exp(m_old - m_new)
-      l_s[rows, :1] = l_s[rows, :1] * corr + p.sum(axis=1, keepdims=True)
-      acc_s[rows, :] = acc_s[rows, :] * corr + _dot(p.astype(v.dtype), v, ((1,), (0,)))
+      l_s[rows, :1] = l_s[rows, :1] * corr + pr.sum(axis=1, keepdims=True)
+      acc_s[rows, :] = acc_s[rows, :] * corr + _dot(pr.astype(v.dtype), v, ((1,), (0,)))
       m_s[rows, :1] = m_new
 
-  @pl.when(s == pl.num_programs(3) - 1)
+  @pl.when(last)
   def _():
     for h in range(g):
       rows = slice(h * bq, (h + 1) * bq)
@@ -104,35 +139,21 @@ def _fwd_kernel(lists, counts, q_ref, k_ref, v_ref, kend_ref, o_ref, lse_ref, m_
       lse_ref[0, 0, h] = m_s[rows, :1] + jnp.log(l_s[rows, :1])
 
 
-def _specs(g, bq, bk, d, query_side: bool):
-  """BlockSpecs of q / do / lse / delta (query blocks) and k / v / kv_end (key blocks) for a
-  grid (B, KV, outer, inner) whose inner axis walks a block list; `query_side`: the outer axis
-  is a query block (forward lists), else a key block (transposed lists)."""
-  def qi(b, h, o, s, lists, counts):
-    return o if query_side else _pick(lists, counts, b, o, s)
-
-  def ki(b, h, o, s, lists, counts):
-    return _pick(lists, counts, b, o, s) if query_side else o
-
-  qspec = pl.BlockSpec((1, 1, g, bq, d), lambda *a: (a[0], a[1], 0, qi(*a), 0))
-  rowspec = pl.BlockSpec((1, 1, g, bq, 1), lambda *a: (a[0], a[1], 0, qi(*a), 0))
-  kspec = pl.BlockSpec((1, 1, bk, d), lambda *a: (a[0], a[1], ki(*a), 0))
-  endspec = pl.BlockSpec((1, 1, bk), lambda *a: (a[0], 0, ki(*a)))
+def _specs(g, block, d):
+  """BlockSpecs for a grid (B, KV, pairs): q / dO / dQ and lse / delta at the pair's query
+  block, k / v / dK / dV and kv_end at its key block."""
+  qspec = pl.BlockSpec((1, 1, g, block, d), lambda b, h, p, pq, pk, n: (b, h, 0, pq[b, p], 0))
+  rowspec = pl.BlockSpec((1, 1, g, block, 1), lambda b, h, p, pq, pk, n: (b, h, 0, pq[b, p], 0))
+  kspec = pl.BlockSpec((1, 1, block, d), lambda b, h, p, pq, pk, n: (b, h, pk[b, p], 0))
+  endspec = pl.BlockSpec((1, 1, block), lambda b, h, p, pq, pk, n: (b, 0, pk[b, p]))
   return qspec, rowspec, kspec, endspec
-
-
-def max_pairs(num_blocks: int, width: int) -> int:
-  """The most (query block, key block) pairs the lists can hold: query block i lists at most
-  min(width, i + 1) key blocks (none after itself). A static bound on what the kernels compute
-  (the lists' counts say what they do)."""
-  return sum(min(width, i + 1) for i in range(num_blocks))
 
 
 def _cost(shape, block: int, pairs: int, matmuls: int, pair_bytes: int, once_bytes: int):
   """XLA's cost of a kernel (`pl.CostEstimate`) over q of `shape` [B, KV, G, T, D] visiting
-  `pairs` (query block, key block) pairs per row and KV head (`max_pairs`), each taking
-  `matmuls` [block x block x D] products per query head and `pair_bytes` of copies;
-  `once_bytes` move once."""
+  `pairs` (query block, key block) pairs per row and KV head (`max_pairs`: an upper bound on
+  what runs), each taking `matmuls` [block x block x D] products per query head and
+  `pair_bytes` of copies; `once_bytes` move once."""
   b, kvh, g, _, d = shape
   n = b * kvh * pairs
   return pl.CostEstimate(flops=int(2 * matmuls * n * g * block * block * d),
@@ -141,133 +162,118 @@ def _cost(shape, block: int, pairs: int, matmuls: int, pair_bytes: int, once_byt
 
 
 def _params():
-  return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
+  return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"))
 
 
-def _forward(q, k, v, kend, lists, counts, block, interpret):
+def _call(kernel, pairs, in_specs, out_specs, out_shape, scratch, cost, interpret, *args):
+  """One kernel over the grid (B, KV, pairs) with the pair lists `pairs` prefetched."""
+  b, kvh = args[0].shape[:2]
+  return pl.pallas_call(
+      kernel, interpret=interpret, cost_estimate=cost, out_shape=out_shape,
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=3, grid=(b, kvh, pairs[0].shape[1]), in_specs=in_specs,
+          out_specs=out_specs, scratch_shapes=scratch),
+      compiler_params=_params(),
+  )(*pairs, *args)
+
+
+def _forward(q, k, v, kend, lists, block, interpret):
   b, kvh, g, t, d = q.shape
   nb, w = lists.shape[1:]
-  qspec, rowspec, kspec, endspec = _specs(g, block, block, d, True)
-  spec = pltpu.PrefetchScalarGridSpec(
-      num_scalar_prefetch=2, grid=(b, kvh, nb, w),
-      in_specs=[qspec, kspec, kspec, endspec], out_specs=[qspec, rowspec],
-      scratch_shapes=[pltpu.VMEM((g * block, 128), jnp.float32),
-                      pltpu.VMEM((g * block, 128), jnp.float32),
-                      pltpu.VMEM((g * block, d), jnp.float32)])
+  qspec, rowspec, kspec, endspec = _specs(g, block, d)
   kv_pair = 2 * block * d * k.dtype.itemsize + 4 * block           # a K and a V block, kv_end
   rows = b * kvh * g * t * 4                                         # one float32 per query
   cost = _cost(q.shape, block, max_pairs(nb, w), 2, kv_pair, 2 * q.size * q.dtype.itemsize + rows)
-  return pl.pallas_call(
-      functools.partial(_fwd_kernel, scale=d ** -0.5), grid_spec=spec, interpret=interpret,
-      cost_estimate=cost,
-      out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype),
-                 jax.ShapeDtypeStruct((b, kvh, g, t, 1), jnp.float32)),
-      compiler_params=_params(),
-  )(lists, counts, q, k, v, kend)
+  return _call(
+      functools.partial(_fwd_kernel, scale=d ** -0.5), pair_lists(lists, False),
+      [qspec, kspec, kspec, endspec], [qspec, rowspec],
+      (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, kvh, g, t, 1), jnp.float32)),
+      [pltpu.VMEM((g * block, 128), jnp.float32), pltpu.VMEM((g * block, 128), jnp.float32),
+       pltpu.VMEM((g * block, d), jnp.float32)], cost, interpret, q, k, v, kend)
 
 
 # ----------------------------------------------------------------------------- backward
 
-def _dq_kernel(lists, counts, q_ref, k_ref, v_ref, kend_ref, lse_ref, do_ref, delta_ref,
+def _dq_kernel(pq, pk, count, q_ref, k_ref, v_ref, kend_ref, lse_ref, do_ref, delta_ref,
                dq_ref, dq_s, *, scale):
-  b, i, s = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+  b, p = pl.program_id(0), pl.program_id(2)
   g, bq, _ = q_ref.shape[2:]
   bk = k_ref.shape[2]
+  first, last = _edges(pq, p)
 
-  @pl.when(s == 0)
+  @pl.when(first)
   def _():
     dq_s[...] = jnp.zeros(dq_s.shape, jnp.float32)
 
-  @pl.when(s < counts[b, i])
+  @pl.when(p < count[b])
   def _():
-    vis = _visible(i, lists[b, i, s], bq, bk, kend_ref[0])
+    vis = _visible(pq[b, p], pk[b, p], bq, bk, kend_ref[0])
     k, v = k_ref[0, 0], v_ref[0, 0]
     for h in range(g):
       rows = slice(h * bq, (h + 1) * bq)
       sc = _dot(q_ref[0, 0, h], k, ((1,), (1,))) * scale
-      p = jnp.where(vis, jnp.exp(sc - lse_ref[0, 0, h]), 0.0)
+      pr = jnp.where(vis, jnp.exp(sc - lse_ref[0, 0, h]), 0.0)
       dp = _dot(do_ref[0, 0, h], v, ((1,), (1,)))
-      ds = p * (dp - delta_ref[0, 0, h])
+      ds = pr * (dp - delta_ref[0, 0, h])
       dq_s[rows, :] += _dot(ds.astype(k.dtype), k, ((1,), (0,))) * scale
 
-  @pl.when(s == pl.num_programs(3) - 1)
+  @pl.when(last)
   def _():
     for h in range(g):
       dq_ref[0, 0, h] = dq_s[h * bq:(h + 1) * bq, :].astype(dq_ref.dtype)
 
 
-def _dkv_kernel(lists, counts, q_ref, k_ref, v_ref, kend_ref, lse_ref, do_ref, delta_ref,
+def _dkv_kernel(pq, pk, count, q_ref, k_ref, v_ref, kend_ref, lse_ref, do_ref, delta_ref,
                 dk_ref, dv_ref, dk_s, dv_s, *, scale):
-  b, j, s = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+  b, p = pl.program_id(0), pl.program_id(2)
   g, bq, _ = q_ref.shape[2:]
   bk = k_ref.shape[2]
+  first, last = _edges(pk, p)
 
-  @pl.when(s == 0)
+  @pl.when(first)
   def _():
     dk_s[...] = jnp.zeros(dk_s.shape, jnp.float32)
     dv_s[...] = jnp.zeros(dv_s.shape, jnp.float32)
 
-  @pl.when(s < counts[b, j])
+  @pl.when(p < count[b])
   def _():
-    vis = _visible(lists[b, j, s], j, bq, bk, kend_ref[0])
+    vis = _visible(pq[b, p], pk[b, p], bq, bk, kend_ref[0])
     k, v = k_ref[0, 0], v_ref[0, 0]
     for h in range(g):
       q, do = q_ref[0, 0, h], do_ref[0, 0, h]
       sc = _dot(q, k, ((1,), (1,))) * scale
-      p = jnp.where(vis, jnp.exp(sc - lse_ref[0, 0, h]), 0.0)
-      dv_s[...] += _dot(p.astype(do.dtype), do, ((0,), (0,)))
-      ds = p * (_dot(do, v, ((1,), (1,))) - delta_ref[0, 0, h])
+      pr = jnp.where(vis, jnp.exp(sc - lse_ref[0, 0, h]), 0.0)
+      dv_s[...] += _dot(pr.astype(do.dtype), do, ((0,), (0,)))
+      ds = pr * (_dot(do, v, ((1,), (1,))) - delta_ref[0, 0, h])
       dk_s[...] += _dot(ds.astype(q.dtype), q, ((0,), (0,))) * scale
 
-  @pl.when(s == pl.num_programs(3) - 1)
+  @pl.when(last)
   def _():
     dk_ref[0, 0] = dk_s[...].astype(dk_ref.dtype)
     dv_ref[0, 0] = dv_s[...].astype(dv_ref.dtype)
 
 
-def transposed_lists(lists: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """For key block j, the query blocks whose lists hold it (ascending, -1 pads) and their
-  count: [B, NB, NB] and [B, NB]."""
-  b, nb, _ = lists.shape
-  seen = jnp.zeros((b, nb + 1, nb), bool).at[
-      jnp.arange(b)[:, None, None], jnp.where(lists >= 0, lists, nb),
-      jnp.arange(nb)[None, :, None]].set(True)[:, :nb]              # [B, key block, query block]
-  order = jnp.argsort(~seen, axis=-1, stable=True).astype(jnp.int32)
-  keep = jnp.take_along_axis(seen, order, axis=-1)
-  return jnp.where(keep, order, -1), keep.sum(-1).astype(jnp.int32)
-
-
-def _backward(q, k, v, kend, lists, counts, o, lse, do, block, interpret):
+def _backward(q, k, v, kend, lists, o, lse, do, block, interpret):
   b, kvh, g, t, d = q.shape
   nb, w = lists.shape[1:]
+  pairs = max_pairs(nb, w)
   delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1, keepdims=True)
-  qspec, rowspec, kspec, endspec = _specs(g, block, block, d, True)
+  qspec, rowspec, kspec, endspec = _specs(g, block, d)
+  ins = [qspec, kspec, kspec, endspec, rowspec, qspec, rowspec]
+  args = (q, k, v, kend, lse, do, delta)
   qbytes, kbytes, rows = q.size * q.dtype.itemsize, k.size * k.dtype.itemsize, b * kvh * g * t * 4
   kv_pair = 2 * block * d * k.dtype.itemsize + 4 * block
   q_pair = 2 * g * block * (d * q.dtype.itemsize + 4)                # q and dO blocks, lse, delta
-  dq = pl.pallas_call(
-      functools.partial(_dq_kernel, scale=d ** -0.5), interpret=interpret,
-      cost_estimate=_cost(q.shape, block, max_pairs(nb, w), 3, kv_pair, 3 * qbytes + 2 * rows),
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=2, grid=(b, kvh, nb, w),
-          in_specs=[qspec, kspec, kspec, endspec, rowspec, qspec, rowspec], out_specs=qspec,
-          scratch_shapes=[pltpu.VMEM((g * block, d), jnp.float32)]),
-      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), compiler_params=_params(),
-  )(lists, counts, q, k, v, kend, lse, do, delta)
-  tlists, tcounts = transposed_lists(lists)
-  qspec, rowspec, kspec, endspec = _specs(g, block, block, d, False)
-  dk, dv = pl.pallas_call(
-      functools.partial(_dkv_kernel, scale=d ** -0.5), interpret=interpret,
-      cost_estimate=_cost(q.shape, block, max_pairs(nb, w), 4, q_pair, 4 * kbytes + b * t * 4),
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=2, grid=(b, kvh, nb, nb),
-          in_specs=[qspec, kspec, kspec, endspec, rowspec, qspec, rowspec],
-          out_specs=[kspec, kspec],
-          scratch_shapes=[pltpu.VMEM((block, d), jnp.float32),
-                          pltpu.VMEM((block, d), jnp.float32)]),
-      out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
-      compiler_params=_params(),
-  )(tlists, tcounts, q, k, v, kend, lse, do, delta)
+  dq = _call(functools.partial(_dq_kernel, scale=d ** -0.5), pair_lists(lists, False), ins,
+             qspec, jax.ShapeDtypeStruct(q.shape, q.dtype),
+             [pltpu.VMEM((g * block, d), jnp.float32)],
+             _cost(q.shape, block, pairs, 3, kv_pair, 3 * qbytes + 2 * rows), interpret, *args)
+  dk, dv = _call(functools.partial(_dkv_kernel, scale=d ** -0.5), pair_lists(lists, True), ins,
+                 [kspec, kspec], (jax.ShapeDtypeStruct(k.shape, k.dtype),
+                                  jax.ShapeDtypeStruct(v.shape, v.dtype)),
+                 [pltpu.VMEM((block, d), jnp.float32), pltpu.VMEM((block, d), jnp.float32)],
+                 _cost(q.shape, block, pairs, 4, q_pair, 4 * kbytes + b * t * 4), interpret,
+                 *args)
   return dq, dk, dv
 
 
@@ -275,19 +281,17 @@ def _backward(q, k, v, kend, lists, counts, o, lse, do, block, interpret):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
 def _flash(q, k, v, kend, lists, block, interpret):
-  counts = (lists >= 0).sum(-1).astype(jnp.int32)
-  return _forward(q, k, v, kend, lists, counts, block, interpret)[0]
+  return _forward(q, k, v, kend, lists, block, interpret)[0]
 
 
 def _flash_fwd(q, k, v, kend, lists, block, interpret):
-  counts = (lists >= 0).sum(-1).astype(jnp.int32)
-  o, lse = _forward(q, k, v, kend, lists, counts, block, interpret)
-  return o, (q, k, v, kend, lists, counts, o, lse)
+  o, lse = _forward(q, k, v, kend, lists, block, interpret)
+  return o, (q, k, v, kend, lists, o, lse)
 
 
 def _flash_bwd(block, interpret, res, do):
-  q, k, v, kend, lists, counts, o, lse = res
-  dq, dk, dv = _backward(q, k, v, kend, lists, counts, o, lse, do, block, interpret)
+  q, k, v, kend, lists, o, lse = res
+  dq, dk, dv = _backward(q, k, v, kend, lists, o, lse, do, block, interpret)
   return dq, dk, dv, None, None
 
 
