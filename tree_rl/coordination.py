@@ -10,9 +10,9 @@ process.
 `start` spawns the child (`python -m tree_rl.coordination ADDRESS N PARENT_PID ...`) and
 waits until it serves; `service_started_by` makes `jax.distributed.initialize` in process 0
 use it rather than start its own. The child ends when its parent calls the service's
-`shutdown` (jax's own exit path, after every process has passed its shutdown barrier), or
-`GRACE_S` after its parent is gone. Losing process 0's whole host still takes the service
-with it (jaxlib's abort, as before).
+`shutdown` (jax's own exit path, after every process has passed its shutdown barrier), when
+process 0 stops on purpose (`stop_here`, before `hosts`' `os._exit`), or `GRACE_S` after its
+parent is gone. Losing process 0's whole host still takes the service with it (jaxlib's abort).
 """
 
 from __future__ import annotations
