@@ -98,7 +98,8 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--sweep", action="append", help="a report sweep (repeatable; default "
                   "frozenlake_methods); runs of one seed share one warm start across them")
-  ap.add_argument("--seeds", type=int, nargs="*", help="only these seeds (default: each sweep's)")
+  ap.add_argument("--seeds", type=int, nargs="*", help="these seeds, a sweep's own or more (a "
+                  "reproduction extended to more seeds; default: each sweep's)")
   ap.add_argument("--entries", nargs="*", help="only these entries of the sweeps (default: all), "
                   "e.g. the cheaper arms first when time is short")
   ap.add_argument("--root", default="runs/sweeps")
@@ -116,10 +117,9 @@ def main(argv=None):
     ap.error(f"--entries {unknown} are not entries of {names}; known: {sorted(known)}")
   by_seed, others = {}, {}
   for name in names:
-    for run in sweeps.get(name).runs():
-      if args.seeds is None or run.seed in args.seeds:
-        picked = args.entries is None or run.entry in args.entries
-        (by_seed if picked else others).setdefault(run.seed, []).append(run)
+    for run in sweeps.get(name).runs(args.seeds):
+      picked = args.entries is None or run.entry in args.entries
+      (by_seed if picked else others).setdefault(run.seed, []).append(run)
   with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
     for f in [pool.submit(run_seed, runs, args.root, extra, args.summaries, others.get(seed, []))
               for seed, runs in by_seed.items()]:

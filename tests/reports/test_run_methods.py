@@ -140,6 +140,10 @@ def test_entries_pick_arms_and_an_unknown_one_is_one_clear_error(monkeypatch, ca
                             "tree_grpo_quarter_seed2"]
   assert sorted(sources) == sorted(f"{m}_seed{s}" for m in ("tree_grpo", "tree_random", "patr")
                                    for s in (1, 2))
+  # seeds past the sweep's own (0-4) extend it: the tool-call arms to 10 seeds
+  picked.clear()
+  runner.main(["--sweep", "toolcall_reproduction", "--seeds", "5", "9", "--entries", "grpo"])
+  assert sorted(picked) == ["grpo_seed5", "grpo_seed9"]
   with pytest.raises(SystemExit):
     runner.main(["--sweep", "frozenlake_reproduction", "--entries", "tree_grpo_quartr"])
   assert "--entries ['tree_grpo_quartr'] are not entries" in capsys.readouterr().err
