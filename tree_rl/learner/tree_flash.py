@@ -103,22 +103,29 @@ def _edges(major, p):
 
 # ----------------------------------------------------------------------------- forward
 
+def _pair_loop(major, count, init, visit, finish):
+  """The kernels' skeleton over a grid (B, KV, pairs): `init` at the first pair of a run of
+  equal `major` blocks (the output block's), `visit` at each of the row's real pairs, `finish`
+  at the run's last pair."""
+  b, p = pl.program_id(0), pl.program_id(2)
+  first, last = _edges(major, p)
+  pl.when(first)(init)
+  pl.when(p < count[b])(visit)
+  pl.when(last)(finish)
+
+
 def _fwd_kernel(pq, pk, count, q_ref, k_ref, v_ref, kend_ref, o_ref, lse_ref, m_s, l_s, acc_s,
                 *, scale):
   b, p = pl.program_id(0), pl.program_id(2)
   g, bq, _ = q_ref.shape[2:]
-  bk = k_ref.shape[2]
-  first, last = _edges(pq, p)
 
-  @pl.when(first)
-  def _():
+  def init():
     m_s[...] = jnp.full(m_s.shape, NEG, jnp.float32)
     l_s[...] = jnp.zeros(l_s.shape, jnp.float32)
     acc_s[...] = jnp.zeros(acc_s.shape, jnp.float32)
 
-  @pl.when(p < count[b])
-  def _():
-    vis = _visible(pq[b, p], pk[b, p], bq, bk, kend_ref[0])
+  def visit():
+    vis = _visible(pq[b, p], pk[b, p], bq, k_ref.shape[2], kend_ref[0])
     k, v = k_ref[0, 0], v_ref[0, 0]
     for h in range(g):
       rows = slice(h * bq, (h + 1) * bq)
@@ -131,12 +138,13 @@ def _fwd_kernel(pq, pk, count, q_ref, k_ref, v_ref, kend_ref, o_ref, lse_ref, m_
       acc_s[rows, :] = acc_s[rows, :] * corr + _dot(pr.astype(v.dtype), v, ((1,), (0,)))
       m_s[rows, :1] = m_new
 
-  @pl.when(last)
-  def _():
+  def finish():
     for h in range(g):
       rows = slice(h * bq, (h + 1) * bq)
       o_ref[0, 0, h] = (acc_s[rows, :] / l_s[rows, :1]).astype(o_ref.dtype)
       lse_ref[0, 0, h] = m_s[rows, :1] + jnp.log(l_s[rows, :1])
+
+  _pair_loop(pq, count, init, visit, finish)
 
 
 def _specs(g, block, d):
@@ -194,63 +202,61 @@ def _forward(q, k, v, kend, lists, block, interpret):
 
 # ----------------------------------------------------------------------------- backward
 
+def _grad_terms(refs, h, vis, scale):
+  """Query head h of a pair: the probabilities recomputed from the saved log-sum-exp, and
+  dS = P * (dO V^T - delta)."""
+  q_ref, k_ref, v_ref, lse_ref, do_ref, delta_ref = refs
+  sc = _dot(q_ref[0, 0, h], k_ref[0, 0], ((1,), (1,))) * scale
+  pr = jnp.where(vis, jnp.exp(sc - lse_ref[0, 0, h]), 0.0)
+  return pr, pr * (_dot(do_ref[0, 0, h], v_ref[0, 0], ((1,), (1,))) - delta_ref[0, 0, h])
+
+
 def _dq_kernel(pq, pk, count, q_ref, k_ref, v_ref, kend_ref, lse_ref, do_ref, delta_ref,
                dq_ref, dq_s, *, scale):
   b, p = pl.program_id(0), pl.program_id(2)
   g, bq, _ = q_ref.shape[2:]
-  bk = k_ref.shape[2]
-  first, last = _edges(pq, p)
+  refs = (q_ref, k_ref, v_ref, lse_ref, do_ref, delta_ref)
 
-  @pl.when(first)
-  def _():
+  def init():
     dq_s[...] = jnp.zeros(dq_s.shape, jnp.float32)
 
-  @pl.when(p < count[b])
-  def _():
-    vis = _visible(pq[b, p], pk[b, p], bq, bk, kend_ref[0])
-    k, v = k_ref[0, 0], v_ref[0, 0]
+  def visit():
+    vis = _visible(pq[b, p], pk[b, p], bq, k_ref.shape[2], kend_ref[0])
+    k = k_ref[0, 0]
     for h in range(g):
-      rows = slice(h * bq, (h + 1) * bq)
-      sc = _dot(q_ref[0, 0, h], k, ((1,), (1,))) * scale
-      pr = jnp.where(vis, jnp.exp(sc - lse_ref[0, 0, h]), 0.0)
-      dp = _dot(do_ref[0, 0, h], v, ((1,), (1,)))
-      ds = pr * (dp - delta_ref[0, 0, h])
-      dq_s[rows, :] += _dot(ds.astype(k.dtype), k, ((1,), (0,))) * scale
+      _, ds = _grad_terms(refs, h, vis, scale)
+      dq_s[h * bq:(h + 1) * bq, :] += _dot(ds.astype(k.dtype), k, ((1,), (0,))) * scale
 
-  @pl.when(last)
-  def _():
+  def finish():
     for h in range(g):
       dq_ref[0, 0, h] = dq_s[h * bq:(h + 1) * bq, :].astype(dq_ref.dtype)
+
+  _pair_loop(pq, count, init, visit, finish)
 
 
 def _dkv_kernel(pq, pk, count, q_ref, k_ref, v_ref, kend_ref, lse_ref, do_ref, delta_ref,
                 dk_ref, dv_ref, dk_s, dv_s, *, scale):
   b, p = pl.program_id(0), pl.program_id(2)
   g, bq, _ = q_ref.shape[2:]
-  bk = k_ref.shape[2]
-  first, last = _edges(pk, p)
+  refs = (q_ref, k_ref, v_ref, lse_ref, do_ref, delta_ref)
 
-  @pl.when(first)
-  def _():
+  def init():
     dk_s[...] = jnp.zeros(dk_s.shape, jnp.float32)
     dv_s[...] = jnp.zeros(dv_s.shape, jnp.float32)
 
-  @pl.when(p < count[b])
-  def _():
-    vis = _visible(pq[b, p], pk[b, p], bq, bk, kend_ref[0])
-    k, v = k_ref[0, 0], v_ref[0, 0]
+  def visit():
+    vis = _visible(pq[b, p], pk[b, p], bq, k_ref.shape[2], kend_ref[0])
     for h in range(g):
       q, do = q_ref[0, 0, h], do_ref[0, 0, h]
-      sc = _dot(q, k, ((1,), (1,))) * scale
-      pr = jnp.where(vis, jnp.exp(sc - lse_ref[0, 0, h]), 0.0)
+      pr, ds = _grad_terms(refs, h, vis, scale)
       dv_s[...] += _dot(pr.astype(do.dtype), do, ((0,), (0,)))
-      ds = pr * (_dot(do, v, ((1,), (1,))) - delta_ref[0, 0, h])
       dk_s[...] += _dot(ds.astype(q.dtype), q, ((0,), (0,))) * scale
 
-  @pl.when(last)
-  def _():
+  def finish():
     dk_ref[0, 0] = dk_s[...].astype(dk_ref.dtype)
     dv_ref[0, 0] = dv_s[...].astype(dv_ref.dtype)
+
+  _pair_loop(pk, count, init, visit, finish)
 
 
 def _backward(q, k, v, kend, lists, o, lse, do, block, interpret):
