@@ -68,7 +68,11 @@ def _check_port_free(address: str) -> None:
   host, port = address.rsplit(":", 1)
   host = host.strip("[]")
   family = socket.AF_INET6 if ":" in host else socket.AF_INET
-  with socket.socket(family, socket.SOCK_STREAM) as s:
+  try:
+    probe = socket.socket(family, socket.SOCK_STREAM)
+  except OSError:   # no IPv6 on this host: gRPC binds what it can, nothing to check here
+    return
+  with probe as s:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # TIME_WAIT is no listener
     try:
       s.bind((host or "::", int(port)))
