@@ -222,7 +222,7 @@ def test_pallas_tree_flash_attention_compiles_for_v5e_and_moves_fewer_bytes_than
   group's key blocks and materialises its float32 scores."""
   from tree_rl.learner import batches, synthetic
   from tree_rl.learner.tree_attention import block_visibility, tree_block_attention
-  from tree_rl.learner.tree_flash import subtree_ends, tree_flash_attention
+  from tree_rl.learner.tree_flash import flash_layout, tree_flash_attention
   rng = np.random.default_rng(0)
   trees = [synthetic.patr_tree(rng, prompt=64, action=16, obs=16, vocab=100, group_id=g)
            for g in range(2)]
@@ -237,7 +237,7 @@ def test_pallas_tree_flash_attention_compiles_for_v5e_and_moves_fewer_bytes_than
   nid, anc, lists = (jnp.asarray(x) for x in (pb.node_ids, pb.ancestors, pb.kv_blocks))
 
   def flash(q, k, v):
-    return jnp.sum(tree_flash_attention(q, k, v, subtree_ends(nid, anc), lists)
+    return jnp.sum(tree_flash_attention(q, k, v, flash_layout(nid, anc, lists))
                    .astype(jnp.float32))
 
   def block(q, k, v):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from tree_rl.learner import batches, synthetic
-from tree_rl.learner.tree_flash import max_pairs, pair_lists, subtree_ends, tree_flash_attention
+from tree_rl.learner.tree_flash import (flash_layout, max_pairs, pair_lists, subtree_ends,
+                                        tree_flash_attention)
 from tree_rl.models.transformer import dense_attention
 
 
@@ -58,15 +59,15 @@ def test_pallas_interpret_flash_equals_dense_masked_attention(shape):
   q = jnp.asarray(rng.normal(size=(b, t, 4, 8)), jnp.float32)
   k, v = (jnp.asarray(rng.normal(size=(b, t, 2, 8)), jnp.float32) for _ in range(2))
   mask = batches.packed_attention_mask(pb.node_ids, pb.ancestors)
-  ends = subtree_ends(jnp.asarray(pb.node_ids), jnp.asarray(pb.ancestors))
+  layout = flash_layout(jnp.asarray(pb.node_ids), jnp.asarray(pb.ancestors),
+                        jnp.asarray(pb.kv_blocks))
   w = jnp.asarray(rng.normal(size=(b, t, 4, 8)), jnp.float32)   # a loss that weighs every output
 
   def dense(q, k, v):
     return (dense_attention(q, k, v, mask) * w).sum()
 
   def flash(q, k, v):
-    return (tree_flash_attention(q, k, v, ends, jnp.asarray(pb.kv_blocks), interpret=True)
-            * w).sum()
+    return (tree_flash_attention(q, k, v, layout, interpret=True) * w).sum()
 
   want, want_g = jax.value_and_grad(dense, argnums=(0, 1, 2))(q, k, v)
   got, got_g = jax.value_and_grad(flash, argnums=(0, 1, 2))(q, k, v)

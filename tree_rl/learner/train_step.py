@@ -24,7 +24,7 @@ from tree_rl.learner import losses, sharding
 from tree_rl.learner.batches import LeafBatch, PackedBatch, packed_attention_mask
 from tree_rl.learner.logprobs import make_attend, sequence_logprobs
 from tree_rl.learner.tree_attention import GROUP_BLOCKS, block_visibility, tree_block_attention
-from tree_rl.learner.tree_flash import subtree_ends, tree_flash_attention
+from tree_rl.learner.tree_flash import flash_layout, tree_flash_attention
 
 
 PACKED_ATTENTION = ("auto", "block", "pallas", "dense")   # tree-packed rows' attention
@@ -159,8 +159,7 @@ class TrainStep:
       return None
     kind = self.packed_attention()
     if kind == "pallas":
-      return {"kv_end": subtree_ends(mb["node_ids"], mb["ancestors"]),
-              "kv_blocks": mb["kv_blocks"]}
+      return flash_layout(mb["node_ids"], mb["ancestors"], mb["kv_blocks"])
     if kind == "block":
       return [g[1:] for g in block_visibility(mb["node_ids"], mb["ancestors"], mb["kv_blocks"])]
     return packed_attention_mask(mb["node_ids"], mb["ancestors"])
@@ -204,11 +203,11 @@ class TrainStep:
       qs, ks = spec("heads", q.shape), spec("kv_heads", k.shape)
       if qs[2] != ks[2]:
         qs = ks = P(qs[0], None, None, None)
+      rows = jax.tree.map(lambda a: P(qs[0], *[None] * (a.ndim - 1)), inputs)
       kernel = jax.shard_map(
-          lambda q, k, v, e, lists: tree_flash_attention(q, k, v, e, lists, interpret=interpret),
-          mesh=mesh, in_specs=(qs, ks, ks, P(qs[0], None), P(qs[0], None, None)), out_specs=qs,
-          check_vma=False)
-      return kernel(q, k, v, inputs["kv_end"], inputs["kv_blocks"]), state
+          lambda q, k, v, layout: tree_flash_attention(q, k, v, layout, interpret=interpret),
+          mesh=mesh, in_specs=(qs, ks, ks, rows), out_specs=qs, check_vma=False)
+      return kernel(q, k, v, inputs), state
     return attend
 
   def _loss(self, params, mb):

@@ -8,7 +8,8 @@ so the tokens of a node's subtree are contiguous: query i sees key j iff `j <= i
 `kv_end[j]` being the end of the subtree of j's node (`subtree_ends`); a padding token's end is
 j + 1 (itself only). The (query block, key block) pairs to visit come from
 `PackedBatch.kv_blocks`, flattened into one list per row (`pair_lists`) that the kernels' last
-grid axis walks through scalar prefetch: ordered by query block for the forward pass and dQ (the
+grid axis walks through scalar prefetch (`flash_layout` builds them and `kv_end` once per batch
+for every layer): ordered by query block for the forward pass and dQ (the
 output block stays in VMEM while its pairs run), by key block for dK and dV. The grid has as
 many steps as the most pairs any row can hold (`max_pairs`), not blocks x blocks; steps past a
 row's own count repeat its last pair without copying or computing.
@@ -92,6 +93,17 @@ def pair_lists(lists: jax.Array, by_key: bool) -> tuple[jax.Array, jax.Array, ja
           jnp.take_along_axis(kb, order, axis=-1).astype(jnp.int32), count)
 
 
+def flash_layout(node_ids: jax.Array, ancestors: jax.Array, kv_blocks: jax.Array) -> dict:
+  """What every layer's kernels read, computed once per batch: `kv_end` as [B, blocks, 1, block]
+  (`subtree_ends`; a key block's entries are one tile, whatever the block size), and the pair
+  lists by query block and by key block (`pair_lists`)."""
+  b, t = node_ids.shape
+  nb = kv_blocks.shape[1]
+  lists = kv_blocks.astype(jnp.int32)
+  return {"kv_end": subtree_ends(node_ids, ancestors).reshape(b, nb, 1, t // nb),
+          "by_query": pair_lists(lists, False), "by_key": pair_lists(lists, True)}
+
+
 def _edges(major, p):
   """Whether pair p is the first / last of its run of equal `major` blocks in its row."""
   b, n = pl.program_id(0), pl.num_programs(2)
@@ -125,7 +137,7 @@ def _fwd_kernel(pq, pk, count, q_ref, k_ref, v_ref, kend_ref, o_ref, lse_ref, m_
     acc_s[...] = jnp.zeros(acc_s.shape, jnp.float32)
 
   def visit():
-    vis = _visible(pq[b, p], pk[b, p], bq, k_ref.shape[2], kend_ref[0])
+    vis = _visible(pq[b, p], pk[b, p], bq, k_ref.shape[2], kend_ref[0, 0])
     k, v = k_ref[0, 0], v_ref[0, 0]
     for h in range(g):
       rows = slice(h * bq, (h + 1) * bq)
@@ -153,7 +165,7 @@ def _specs(g, block, d):
   qspec = pl.BlockSpec((1, 1, g, block, d), lambda b, h, p, pq, pk, n: (b, h, 0, pq[b, p], 0))
   rowspec = pl.BlockSpec((1, 1, g, block, 1), lambda b, h, p, pq, pk, n: (b, h, 0, pq[b, p], 0))
   kspec = pl.BlockSpec((1, 1, block, d), lambda b, h, p, pq, pk, n: (b, h, pk[b, p], 0))
-  endspec = pl.BlockSpec((1, 1, block), lambda b, h, p, pq, pk, n: (b, 0, pk[b, p]))
+  endspec = pl.BlockSpec((1, 1, 1, block), lambda b, h, p, pq, pk, n: (b, pk[b, p], 0, 0))
   return qspec, rowspec, kspec, endspec
 
 
@@ -185,15 +197,16 @@ def _call(kernel, pairs, in_specs, out_specs, out_shape, scratch, cost, interpre
   )(*pairs, *args)
 
 
-def _forward(q, k, v, kend, lists, block, interpret):
+def _forward(q, k, v, layout, interpret):
   b, kvh, g, t, d = q.shape
-  nb, w = lists.shape[1:]
+  kend, pairs = layout["kv_end"], layout["by_query"]
+  block = kend.shape[3]
   qspec, rowspec, kspec, endspec = _specs(g, block, d)
   kv_pair = 2 * block * d * k.dtype.itemsize + 4 * block           # a K and a V block, kv_end
   rows = b * kvh * g * t * 4                                         # one float32 per query
-  cost = _cost(q.shape, block, max_pairs(nb, w), 2, kv_pair, 2 * q.size * q.dtype.itemsize + rows)
+  cost = _cost(q.shape, block, pairs[0].shape[1], 2, kv_pair, 2 * q.size * q.dtype.itemsize + rows)
   return _call(
-      functools.partial(_fwd_kernel, scale=d ** -0.5), pair_lists(lists, False),
+      functools.partial(_fwd_kernel, scale=d ** -0.5), pairs,
       [qspec, kspec, kspec, endspec], [qspec, rowspec],
       (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, kvh, g, t, 1), jnp.float32)),
       [pltpu.VMEM((g * block, 128), jnp.float32), pltpu.VMEM((g * block, 128), jnp.float32),
@@ -221,7 +234,7 @@ def _dq_kernel(pq, pk, count, q_ref, k_ref, v_ref, kend_ref, lse_ref, do_ref, de
     dq_s[...] = jnp.zeros(dq_s.shape, jnp.float32)
 
   def visit():
-    vis = _visible(pq[b, p], pk[b, p], bq, k_ref.shape[2], kend_ref[0])
+    vis = _visible(pq[b, p], pk[b, p], bq, k_ref.shape[2], kend_ref[0, 0])
     k = k_ref[0, 0]
     for h in range(g):
       _, ds = _grad_terms(refs, h, vis, scale)
@@ -245,7 +258,7 @@ def _dkv_kernel(pq, pk, count, q_ref, k_ref, v_ref, kend_ref, lse_ref, do_ref, d
     dv_s[...] = jnp.zeros(dv_s.shape, jnp.float32)
 
   def visit():
-    vis = _visible(pq[b, p], pk[b, p], bq, k_ref.shape[2], kend_ref[0])
+    vis = _visible(pq[b, p], pk[b, p], bq, k_ref.shape[2], kend_ref[0, 0])
     for h in range(g):
       q, do = q_ref[0, 0, h], do_ref[0, 0, h]
       pr, ds = _grad_terms(refs, h, vis, scale)
@@ -259,10 +272,10 @@ def _dkv_kernel(pq, pk, count, q_ref, k_ref, v_ref, kend_ref, lse_ref, do_ref, d
   _pair_loop(pk, count, init, visit, finish)
 
 
-def _backward(q, k, v, kend, lists, o, lse, do, block, interpret):
+def _backward(q, k, v, layout, o, lse, do, interpret):
   b, kvh, g, t, d = q.shape
-  nb, w = lists.shape[1:]
-  pairs = max_pairs(nb, w)
+  kend = layout["kv_end"]
+  block, pairs = kend.shape[3], layout["by_query"][0].shape[1]
   delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1, keepdims=True)
   qspec, rowspec, kspec, endspec = _specs(g, block, d)
   ins = [qspec, kspec, kspec, endspec, rowspec, qspec, rowspec]
@@ -270,11 +283,11 @@ def _backward(q, k, v, kend, lists, o, lse, do, block, interpret):
   qbytes, kbytes, rows = q.size * q.dtype.itemsize, k.size * k.dtype.itemsize, b * kvh * g * t * 4
   kv_pair = 2 * block * d * k.dtype.itemsize + 4 * block
   q_pair = 2 * g * block * (d * q.dtype.itemsize + 4)                # q and dO blocks, lse, delta
-  dq = _call(functools.partial(_dq_kernel, scale=d ** -0.5), pair_lists(lists, False), ins,
+  dq = _call(functools.partial(_dq_kernel, scale=d ** -0.5), layout["by_query"], ins,
              qspec, jax.ShapeDtypeStruct(q.shape, q.dtype),
              [pltpu.VMEM((g * block, d), jnp.float32)],
              _cost(q.shape, block, pairs, 3, kv_pair, 3 * qbytes + 2 * rows), interpret, *args)
-  dk, dv = _call(functools.partial(_dkv_kernel, scale=d ** -0.5), pair_lists(lists, True), ins,
+  dk, dv = _call(functools.partial(_dkv_kernel, scale=d ** -0.5), layout["by_key"], ins,
                  [kspec, kspec], (jax.ShapeDtypeStruct(k.shape, k.dtype),
                                   jax.ShapeDtypeStruct(v.shape, v.dtype)),
                  [pltpu.VMEM((block, d), jnp.float32), pltpu.VMEM((block, d), jnp.float32)],
@@ -285,34 +298,32 @@ def _backward(q, k, v, kend, lists, o, lse, do, block, interpret):
 
 # ----------------------------------------------------------------------------- the op
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _flash(q, k, v, kend, lists, block, interpret):
-  return _forward(q, k, v, kend, lists, block, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q, k, v, layout, interpret):
+  return _forward(q, k, v, layout, interpret)[0]
 
 
-def _flash_fwd(q, k, v, kend, lists, block, interpret):
-  o, lse = _forward(q, k, v, kend, lists, block, interpret)
-  return o, (q, k, v, kend, lists, o, lse)
+def _flash_fwd(q, k, v, layout, interpret):
+  o, lse = _forward(q, k, v, layout, interpret)
+  return o, (q, k, v, layout, o, lse)
 
 
-def _flash_bwd(block, interpret, res, do):
-  q, k, v, kend, lists, o, lse = res
-  dq, dk, dv = _backward(q, k, v, kend, lists, o, lse, do, block, interpret)
-  return dq, dk, dv, None, None
+def _flash_bwd(interpret, res, do):
+  q, k, v, layout, o, lse = res
+  dq, dk, dv = _backward(q, k, v, layout, o, lse, do, interpret)
+  return dq, dk, dv, jax.tree.map(lambda _: None, layout)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def tree_flash_attention(q, k, v, kv_end, kv_blocks, *, interpret: bool = False):
-  """Attention of packed rows: q [B,T,H,D], k/v [B,T,KV,D], kv_end [B,T] (`subtree_ends`),
-  kv_blocks [B, T // block, W] (`PackedBatch.kv_blocks`; the block size is T // its second
-  dimension). Returns [B,T,H,D]; differentiable in q, k and v."""
+def tree_flash_attention(q, k, v, layout: dict, *, interpret: bool = False):
+  """Attention of packed rows: q [B,T,H,D], k/v [B,T,KV,D], `layout` of `flash_layout` (its
+  `kv_end` gives the block size). Returns [B,T,H,D]; differentiable in q, k and v."""
   b, t, h, d = q.shape
   kvh = k.shape[2]
-  g, block = h // kvh, t // kv_blocks.shape[1]
+  g = h // kvh
   qh = q.reshape(b, t, kvh, g, d).transpose(0, 2, 3, 1, 4)          # [B, KV, G, T, D]
   kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)          # [B, KV, T, D]
-  out = _flash(qh, kh, vh, kv_end.astype(jnp.int32)[:, None, :], kv_blocks.astype(jnp.int32),
-               block, interpret)
+  out = _flash(qh, kh, vh, layout, interpret)
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
