@@ -36,8 +36,8 @@ def summary(results: list[Result], topo: Topology, model: str, resident: dict,
   refused = [r.name for r in step if r.error]
   chips = topo.num_chips
 
-  def ratio(phase_prefix, which, name_part):
-    vals = [r.ratios(chips)[which] for r in ok
+  def ratio(phase_prefix, which, name_part, bytes_kind="bytes"):
+    vals = [r.ratios(chips, bytes_kind)[which] for r in ok
             if r.name.startswith(phase_prefix) and name_part in r.name]
     vals = [v for v in vals if v is not None]
     return max(vals) if vals else None
@@ -54,27 +54,30 @@ def summary(results: list[Result], topo: Topology, model: str, resident: dict,
           "refused": refused,
           "learner_flops_ratio": ratio("learner/", 0, "micro_add") or ratio("learner/", 0, "update"),
           "decode_bytes_ratio": ratio("rollout/", 1, "decode"),
+          "decode_xla_bytes_ratio": ratio("rollout/", 1, "decode", "xla_bytes"),
           "step_estimate_s": round(step_s, 4),
           "phase_estimate_s": {k: round(v, 4) for k, v in times.items()},
           "rollout_tokens_per_s_estimate": round(rollout_tokens / rollout_s, 1) if rollout_s else None,
-          "estimate": "roofline: max(FLOPs / peak, bytes / HBM bandwidth) per program x calls"}
+          "estimate": "roofline: max(FLOPs / peak, HBM bytes / HBM bandwidth) per program x calls"}
 
 
 def table(results: list[Result], topo: Topology, resident: dict) -> str:
   """A fixed-width table of the programs."""
-  head = (f"{'program':<46}{'calls':>7}{'peak GiB':>10}{'TFLOP/chip':>11}{'GB/chip':>9}"
-          f"{'FLOPs x':>8}{'bytes x':>8}{'roofline ms':>12}  collectives")
+  head = (f"{'program':<46}{'calls':>7}{'peak GiB':>10}{'TFLOP/chip':>11}{'HBM GB':>9}"
+          f"{'FLOPs x':>8}{'bytes x':>8}{'XLA x':>7}{'roofline ms':>12}  collectives")
   lines = [head, "-" * len(head)]
   for r in results:
     if r.error:
       lines.append(f"{r.name:<46}{r.calls:>7.2f}  refused: {r.error[:90]}")
       continue
     fr, br = r.ratios(topo.num_chips)
+    xr = r.ratios(topo.num_chips, "xla_bytes")[1]
     coll = ",".join(f"{k.split('-')[0][:3]}{k.split('-')[1][:1] if '-' in k else ''}={v}"
                     for k, v in r.collectives.items())
     lines.append(f"{r.name[:46]:<46}{r.calls:>7.2f}{in_step_peak(r, resident) / GIB:>10.2f}"
                  f"{r.turn('flops') / 1e12:>11.3f}{r.turn('bytes') / 1e9:>9.2f}"
                  f"{(f'{fr:.2f}' if fr else '-'):>8}{(f'{br:.2f}' if br else '-'):>8}"
+                 f"{(f'{xr:.2f}' if xr else '-'):>7}"
                  f"{1e3 * r.roofline_s(topo):>12.3f}  {coll}")
   lines.append("resident per chip: " + ", ".join(f"{k} {v / GIB:.2f} GiB" for k, v in resident.items()))
   return "\n".join(lines)
