@@ -46,6 +46,10 @@ _TOPOLOGY = flags.DEFINE_string("topology", "v5e-8", "v5e-8, v5e-16, v5e-256, v5
 _PHASES = flags.DEFINE_list("phases", ["rollout", "learner", "eval"],
                             "Which programs to compile: rollout, learner, eval.")
 _ONLY = flags.DEFINE_string("only", "", "Compile only programs whose name contains this.")
+_COMPARISONS = flags.DEFINE_bool("comparisons", True, "Also compile the paths printed for "
+                                 "comparison only (0 calls per step: the gathered decode window "
+                                 "beside the window kernel, the block-sparse learner attention "
+                                 "beside the flash kernel).")
 
 
 def main(argv):
@@ -56,7 +60,8 @@ def main(argv):
   config = _CONFIG.value
   sp = programs.StepPrograms(config, devices)
   try:
-    todo = [p for p in sp.programs(tuple(_PHASES.value)) if _ONLY.value in p.name]
+    todo = [p for p in sp.programs(tuple(_PHASES.value)) if _ONLY.value in p.name
+            and (_COMPARISONS.value or p.calls > 0)]
     results = []
     for p in todo:
       r = analysis.compile_program(p)

@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import configs.frozenlake
 from tree_rl import sampling
-from tree_rl.aot import analysis, chips, programs, step, topology
+from tree_rl.aot import analysis, chips, hbm, programs, step, topology
 from tree_rl.config import base_config, lock
 from tree_rl.learner import sharding
 from tree_rl.learner.batches import LeafBatch
@@ -244,17 +244,22 @@ def test_pallas_tree_flash_attention_compiles_for_v5e_and_moves_fewer_bytes_than
     out = tree_block_attention(q, k, v, block_visibility(nid, anc, lists))
     return jnp.sum(out.astype(jnp.float32))
 
-  cost = {}
+  cost, counted, estimate = {}, {}, {}
   for name, fn in (("flash", flash), ("block", block)):
     for grad in (False, True):
       f = jax.grad(fn, argnums=(0, 1, 2)) if grad else fn
       compiled = jax.jit(f).lower(q, k, k).compile()
       cost[name, grad] = compiled.cost_analysis()
+      counted[name, grad] = hbm.Program(compiled.as_text()).hbm_bytes()
+      estimate[name, grad] = sum(map(int, hbm._KERNEL_BYTES.findall(compiled.as_text())))
   pairs = sum(min(width, i + 1) for i in range(nb))   # query block i lists <= i + 1 key blocks
   hand = 4 * b * kvh * pairs * (h // kvh) * 128 * 128 * d
   assert cost["flash", False]["flops"] == pytest.approx(hand, rel=0.02)
   for grad in (False, True):
     assert cost["flash", grad]["bytes accessed"] < cost["block", grad]["bytes accessed"] / 3
+    # the HBM count takes each kernel call's own estimate, which the custom call carries
+    assert estimate["flash", grad] > 0 and estimate["block", grad] == 0
+    assert estimate["flash", grad] <= counted["flash", grad]
 
 
 def test_a_step_that_cannot_fit_says_so(tpu_devices):

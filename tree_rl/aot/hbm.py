@@ -11,9 +11,10 @@ annotation (`S(0)`, the default, is HBM; `S(1)` VMEM, higher spaces SMEM and syn
 Rules, per instruction of every computation that runs (the entry, loop bodies and conditions,
 called and branch computations; a loop body counted once, as XLA does):
   * no traffic: parameters, tuples, bitcasts, constants, loops and calls themselves (their
-    bodies are counted), the `-done` half of async pairs (the `-start` half counts it), and
-    Pallas kernels (`tpu_custom_call`: their DMAs are counted from the kernel, which this
-    text cannot see);
+    bodies are counted) and the `-done` half of async pairs (the `-start` half counts it);
+  * a Pallas kernel (`tpu_custom_call`) moves the bytes of its `CostEstimate` (the training
+    flash kernel gives one); without one, nothing here (the decode window kernel's DMAs are
+    added by `aot/programs.py`);
   * slices and gathers read what they return; `dynamic-update-slice` and `scatter` update in
     place, reading and writing the update only;
   * a fusion reads each HBM operand whole unless the fused computation only slices it (then
@@ -36,6 +37,7 @@ _SPACE = re.compile(r"S\((\d+)\)")
 _HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 _INSTR = re.compile(r"^\s+(?:ROOT )?%?([\w.\-]+) = ")
 _NAME = re.compile(r"%([\w.\-]+)")
+_KERNEL_BYTES = re.compile(r'bytes_accessed\\?"?\s*:\s*\\?"?(\d+)')
 
 FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
         "partition-id", "replica-id", "opt-barrier", "while", "conditional", "call", "iota"}
@@ -174,7 +176,10 @@ class Program:
     if op == "custom-call":
       target = re.search(r'custom_call_target="([^"]*)"', ins.attrs)
       target = target.group(1) if target else ""
-      if target == "tpu_custom_call" or "Bitcast" in target:
+      if target == "tpu_custom_call":   # a Pallas kernel: its own cost estimate, if it gives one
+        est = _KERNEL_BYTES.search(ins.attrs)
+        return float(est.group(1)) if est else 0.0
+      if "Bitcast" in target:
         return 0.0
     ops = [self.defs[computation].get(o, "") for o in ins.operands]
     if op.endswith("-start"):
