@@ -58,10 +58,9 @@ def main(argv):
   topo = chips.topology(_TOPOLOGY.value)
   devices = topology.devices(topo)
   config = _CONFIG.value
-  sp = programs.StepPrograms(config, devices)
+  sp = programs.StepPrograms(config, devices, comparisons=_COMPARISONS.value)
   try:
-    todo = [p for p in sp.programs(tuple(_PHASES.value)) if _ONLY.value in p.name
-            and (_COMPARISONS.value or p.calls > 0)]
+    todo = [p for p in sp.programs(tuple(_PHASES.value)) if _ONLY.value in p.name]
     results = []
     for p in todo:
       r = analysis.compile_program(p)

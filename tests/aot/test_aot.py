@@ -212,6 +212,11 @@ def test_decode_with_the_pallas_window_kernel_compiles_for_v5e(tpu_devices):
     assert line["decode_bytes_ratio"] == kernel.ratios(V5E.num_chips)[1]
   finally:
     sp.close()
+  alone = programs.StepPrograms(config, tpu_devices, comparisons=False)   # --nocomparisons
+  try:
+    assert [p.calls > 0 for p in alone.rollout_programs() if "decode" in p.name] == [True]
+  finally:
+    alone.close()
 
 def test_pallas_tree_flash_attention_compiles_for_v5e_and_moves_fewer_bytes_than_the_block_path(
     tpu_devices):

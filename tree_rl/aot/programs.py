@@ -183,9 +183,12 @@ def chain_trees(shape: StepShape, vocab: int) -> list[TrainTree]:
 class StepPrograms:
   """The programs of one RL step of `config` on `devices` (module docstring)."""
 
-  def __init__(self, config, devices: list):
+  def __init__(self, config, devices: list, comparisons: bool = True):
+    """comparisons: also list the paths printed beside the step's own for comparison (the
+    gathered decode window, the block-sparse learner attention; 0 calls per step)."""
     self.config = config
     self.devices = devices
+    self.comparisons = comparisons
     self.tokenizer = build_tokenizer(config.tokenizer, config.model.hf_path)
     self.model, self.model_config = abstract_model(config.model, self.tokenizer)
     env = envs.from_config(config, self.tokenizer)
@@ -328,7 +331,7 @@ class StepPrograms:
     out = [self._prefill("rollout", "rollout", s.prompts, s.prompt_tokens, 0, n)]
     out[0].name = f"rollout/prompt_prefill[{s.prompts}x{s.prompt_tokens}]"
     out.append(self._decode("rollout", rows, s.prompts, mid, n * s.turns))
-    if self.window_kernel():   # the gathered window beside it, for comparison (not in the step)
+    if self.comparisons and self.window_kernel():   # the gathered window, for comparison
       out.append(self._decode("rollout", rows, s.prompts, mid, 0, kernel=""))
       out[-1].name += " (gathered, for comparison)"
     out.append(self._prefill("obs", "rollout", rows, s.obs_chunk, mid + s.max_new,
@@ -406,7 +409,8 @@ class StepPrograms:
       return out
 
     out = programs(self.train_step)
-    if self.train_step.packed_attention() == "pallas" and hasattr(one, "node_ids"):
+    if (self.comparisons and self.train_step.packed_attention() == "pallas"
+        and hasattr(one, "node_ids")):
       # the block-sparse XLA attention beside the flash kernel, for comparison (not in the step)
       block = self.config.copy_and_resolve_references()
       block.learner.packed_attention = "block"
