@@ -127,3 +127,92 @@ def test_compiled_decode_matmul_moves_its_operands_once(v5e_chip):
   counted = hbm.Program(compiled.as_text()).hbm_bytes()
   assert counted == X + W + OUT
   assert cost["bytes accessed"] > 3 * counted
+
+
+RULES = """HloModule rules, is_scheduled=true
+
+%inner (i0: f32[64,1024], i1: s32[]) -> f32[64,16] {
+  %i0 = f32[64,1024]{1,0} parameter(0)
+  %i1 = s32[]{:S(1)} parameter(1)
+  %iz = s32[]{:S(1)} constant(0)
+  ROOT %ids = f32[64,16]{1,0} dynamic-slice(%i0, %iz, %i1), dynamic_slice_sizes={64,16}
+}
+
+%outer (o0: f32[64,1024], o1: s32[], o2: f32[8,64]) -> f32[8,16] {
+  %o0 = f32[64,1024]{1,0} parameter(0)
+  %o1 = s32[]{:S(1)} parameter(1)
+  %o2 = f32[8,64]{1,0} parameter(2)
+  %w = f32[64,16]{1,0} fusion(%o0, %o1), kind=kLoop, calls=%inner
+  ROOT %mm = f32[8,16]{1,0} dot(%o2, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%add (a0: f32[], a1: f32[]) -> f32[] {
+  %a0 = f32[] parameter(0)
+  %a1 = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a0, %a1)
+}
+
+%set (b0: f32[], b1: f32[]) -> f32[] {
+  %b0 = f32[] parameter(0)
+  ROOT %b1 = f32[] parameter(1)
+}
+
+%big (c0: f32[256,256]) -> f32[256,256] {
+  %c0 = f32[256,256]{1,0} parameter(0)
+  ROOT %e = f32[256,256]{1,0} exponential(%c0)
+}
+
+%small (d0: f32[256,256]) -> f32[256,256] {
+  %d0 = f32[256,256]{1,0} parameter(0)
+  ROOT %d1 = f32[256,256]{1,0} negate(%d0)
+}
+
+ENTRY %main (w: f32[64,1024], k: s32[], x: f32[8,64], t: f32[1000,32], idx: s32[4,1], u: f32[4,32], p: pred[], m: f32[256,256], v: f32[1024]) -> f32[8,16] {
+  %w = f32[64,1024]{1,0} parameter(0)
+  %k = s32[]{:S(1)} parameter(1)
+  %x = f32[8,64]{1,0:S(1)} parameter(2)
+  %y = f32[8,16]{1,0} fusion(%w, %k, %x), kind=kOutput, calls=%outer
+  %t = f32[1000,32]{1,0} parameter(3)
+  %idx = s32[4,1]{1,0:S(1)} parameter(4)
+  %u = f32[4,32]{1,0:S(1)} parameter(5)
+  %sa = f32[1000,32]{1,0} scatter(%t, %idx, %u), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
+  %ss = f32[1000,32]{1,0} scatter(%sa, %idx, %u), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%set
+  %p = pred[]{:S(1)} parameter(6)
+  %m = f32[256,256]{1,0} parameter(7)
+  %c = f32[256,256]{1,0} conditional(%p, %m, %m), true_computation=%big, false_computation=%small
+  %v = f32[1024]{0} parameter(8)
+  %cp = (f32[1024]{0}, f32[1024]{0}, u32[]{:S(2)}, u32[]{:S(2)}) collective-permute-start(%v), source_target_pairs={{0,1},{1,0}}
+  %cd = f32[1024]{0} collective-permute-done(%cp)
+  %kern = f32[1024]{0:S(1)} custom-call(%v), custom_call_target="tpu_custom_call", backend_config={"cost_estimate":{"flops":"0","bytes_accessed":"8192"}}
+  ROOT %r = f32[8,16]{1,0} copy(%y)
+}
+"""
+
+
+def test_nested_slices_scatter_add_branches_collectives_and_kernels():
+  p = hbm.Program(RULES)
+  entry = {i.name: i for i in p.comps["main"]}
+  b = lambda name: p.instruction_bytes(entry[name], "main")  # noqa: E731
+  # the matmul fusion reads the 64 x 16 window its nested fusion slices, not the 64 x 1024 weight
+  assert b("y") == 64 * 16 * 4 + 8 * 16 * 4
+  # the updates are in VMEM: scatter-add reads the 4 rows it adds to and writes them back, a
+  # plain set only writes them
+  assert b("sa") == 2 * 4 * 32 * 4 and b("ss") == 4 * 32 * 4
+  # a collective permute reads its operand and writes its result (element 1 of the tuple)
+  assert b("cp") == 2 * 1024 * 4
+  # a kernel's estimate counts in the share of its operands and result that is in HBM
+  assert b("kern") == 8192 / 2
+  # a conditional runs one branch: the costlier of the two
+  branch = 2 * 256 * 256 * 4
+  assert p.hbm_bytes() == (b("y") + b("sa") + b("ss") + b("cp") + b("kern") + branch
+                           + 2 * 8 * 16 * 4)
+
+
+def test_compiled_matmul_with_a_sliced_weight_reads_the_slice(v5e_chip):
+  """`x @ w[:, :4096]` with w the 896 x 151,936 embedding: the compiler slices inside the
+  matmul's fusion; the count reads the slice, not the table."""
+  sh = SingleDeviceSharding(v5e_chip)
+  x = jax.ShapeDtypeStruct((32, 896), jnp.bfloat16, sharding=sh)
+  w = jax.ShapeDtypeStruct((896, 151936), jnp.bfloat16, sharding=sh)
+  compiled = jax.jit(lambda x, w: x @ w[:, :4096]).lower(x, w).compile()
+  assert hbm.Program(compiled.as_text()).hbm_bytes() == X + 896 * 4096 * 2 + 32 * 4096 * 2
