@@ -44,7 +44,7 @@ _NAME = re.compile(r"%([\w.\-]+)")
 _KERNEL_BYTES = re.compile(r'bytes_accessed\\?"?\s*:\s*\\?"?(\d+)')
 
 FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
-        "partition-id", "replica-id", "opt-barrier", "while", "conditional", "call", "iota"}
+        "partition-id", "replica-id", "opt-barrier", "while", "conditional", "call"}
 SLICES = {"slice", "dynamic-slice", "gather"}
 IN_PLACE = {"dynamic-update-slice", "scatter"}
 PASS_THROUGH = {"bitcast", "reshape"}
