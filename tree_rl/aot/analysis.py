@@ -107,13 +107,15 @@ def collective_counts(hlo_text: str) -> dict:
   return out
 
 
-def _cost(compiled) -> tuple[float, float, float]:
-  """(FLOPs, HBM bytes, XLA's bytes accessed) of a compiled program."""
+def _cost(compiled, text: str | None = None) -> tuple[float, float, float]:
+  """(FLOPs, HBM bytes, XLA's bytes accessed) of a compiled program (`text`: its HLO text,
+  when the caller already has it)."""
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else {}
   cost = cost or {}
-  return (float(cost.get("flops", 0.0)), hbm.Program(compiled.as_text() or "").hbm_bytes(),
+  text = compiled.as_text() or "" if text is None else text
+  return (float(cost.get("flops", 0.0)), hbm.Program(text).hbm_bytes(),
           float(cost.get("bytes accessed", 0.0)))
 
 
@@ -142,8 +144,9 @@ def compile_program(program: Program) -> Result:
     res.alias_bytes = int(mem.alias_size_in_bytes)
     res.temp_bytes = int(mem.temp_size_in_bytes)
     res.code_bytes = int(mem.generated_code_size_in_bytes)
-  res.flops, res.bytes_accessed, res.xla_bytes = _cost(compiled)
-  res.collectives = collective_counts(compiled.as_text() or "")
+  text = compiled.as_text() or ""
+  res.flops, res.bytes_accessed, res.xla_bytes = _cost(compiled, text)
+  res.collectives = collective_counts(text)
   for loop in program.loops:
     if loop.steps <= 1:
       continue

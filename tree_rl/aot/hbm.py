@@ -148,7 +148,7 @@ class Body:
 
   params: dict
   users: dict
-  types: dict      # each value's type
+  types: dict      # each value's type (the module's map for this computation)
   root: Instr
   roots: list      # the root, or the instructions a tuple root gathers
 
@@ -267,7 +267,7 @@ class Program:
         roots = ([next((i for i in instrs if i.name == o), None) for o in root.operands]
                  if root.op == "tuple" else [root])
         self._bodies[name] = Body({int(i.args): i.name for i in instrs if i.op == "parameter"},
-                                  users, {i.name: i.type for i in instrs}, root, roots)
+                                  users, self.defs[name], root, roots)
     return self._bodies[name]
 
   def _fusion_bytes(self, ins: Instr, ops: list[str]) -> float:
