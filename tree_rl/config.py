@@ -196,6 +196,8 @@ def base_config(imports: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
       loss_on_noise=False,      # also train on the noisy replies (else only their context is kept)
       hard_fraction=0.0,        # share of demos starting where the right move needs the state read
                                 # (FrozenLake: next to a hole), drawn from 8x as many episodes; 0 = as generated
+      hard_turn_weight=1.0,     # loss weight of the replies of turns taken where the right move needs the
+                                # state read (FrozenLake: a hole next to the player); the others weigh 1
       max_len=256,              # tokens per demo sequence (prompt, replies, observations); longer are cut
       pack=False,               # pack several whole demos into each max_len row (each attends within itself
                                 # from position 0): fewer padded tokens; batch_size counts rows either way
@@ -267,6 +269,7 @@ RANGES = {
     "train.num_test_tasks": _INT_NN,
     "checkpoint.every_steps": _INT_POS, "checkpoint.keep": _INT_POS, "logging.every_steps": _INT_POS,
     "warmstart.num_demos": _INT_POS, "warmstart.epsilon": _UNIT, "warmstart.hard_fraction": _UNIT,
+    "warmstart.hard_turn_weight": _POS,
     "warmstart.max_len": _INT_POS, "warmstart.steps": _INT_NN, "warmstart.batch_size": _INT_POS,
     "warmstart.learning_rate": "num (0 1]", "warmstart.warmup_steps": _INT_NN,
     "warmstart.weight_decay": _NN, "warmstart.grad_clip": _NN, "warmstart.eval_every": _INT_POS,

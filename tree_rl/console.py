@@ -54,6 +54,10 @@ def progress(show: bool, total: int, desc: str, *, initial: int = 0, leave: bool
 
 
 def write(text: str) -> None:
-  """Print a line without breaking an active progress bar."""
+  """Print a line without breaking an active progress bar, flushed at once (a run's log file
+  shows its warm-start checks and notices as they happen, not when a buffer fills)."""
+  import sys
+
   from tqdm import tqdm
-  tqdm.write(text)
+  tqdm.write(text, file=sys.stdout)
+  sys.stdout.flush()

@@ -228,3 +228,27 @@ def test_hard_demos_start_next_to_a_hole(tok):
     text = tok.decode(list(mixed.tokens[i, :mixed.length[i]]))
     assert _next_to_a_hole(text.split(GEN_PROMPT)[0]) == (i < 56), text
 
+
+
+def test_hard_turn_weight_weighs_the_replies_of_turns_next_to_a_hole(tok):
+  """warmstart.hard_turn_weight: each reply weighs 3 where the grid its turn was taken on (read
+  back from the demo's own text) has a hole next to the player, else 1; the tokens and the
+  trained positions are those of the unweighted demos."""
+  env = envs.make("frozenlake", preset="rllm_small", tokenizer=tok, goal_hint=True)
+  expert = warmstart.make_expert("frozenlake", env, 0.0)
+  plain = _np(warmstart.DemoGenerator(env, tok, expert, max_len=1024)(jax.random.key(5), 48))
+  gen = warmstart.DemoGenerator(env, tok, expert, max_len=1024, hard_turn_weight=3.0)
+  d = _np(gen(jax.random.key(5), 48))
+  np.testing.assert_array_equal(d.tokens, plain.tokens)
+  np.testing.assert_array_equal(d.loss_mask > 0, plain.loss_mask > 0)
+  assert not d.truncated.any() and set(np.unique(d.loss_mask)) == {0.0, 1.0, 3.0}
+  hard_turns = 0
+  for i in range(48):
+    pieces = tok.decode(list(d.tokens[i, :d.length[i]])).split(GEN_PROMPT)
+    weights = d.loss_mask[i][d.reply_mask[i]].reshape(d.turns[i], 2)   # word + end of turn
+    assert (weights[:, 0] == weights[:, 1]).all()
+    for k in range(d.turns[i]):   # turn k was taken on the grid just before its generation prompt
+      want = 3.0 if _next_to_a_hole(pieces[k]) else 1.0
+      assert weights[k, 0] == want, (i, k, pieces[k])
+      hard_turns += want == 3.0
+  assert 0 < hard_turns < int(d.turns.sum())

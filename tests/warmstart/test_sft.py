@@ -36,6 +36,11 @@ def test_sft_loss_is_masked_mean_nll(tok):
   logp = jax.nn.log_softmax(model(tokens), -1)
   want = -(logp[0, 2, tokens[0, 3]] + logp[0, 3, tokens[0, 4]] + logp[1, 8, tokens[1, 9]]) / 3
   assert float(n) == 3 and float(loss) == pytest.approx(float(want), rel=1e-5)
+  # weights (warmstart.hard_turn_weight): a weighted mean, the weights' sum beside it
+  loss, n = warmstart.sft_loss(model, warmstart.SFTRows(tokens, mask.at[1, 9].set(3.0)),
+                               attention="einsum")
+  want = -(logp[0, 2, tokens[0, 3]] + logp[0, 3, tokens[0, 4]] + 3 * logp[1, 8, tokens[1, 9]]) / 5
+  assert float(n) == 5 and float(loss) == pytest.approx(float(want), rel=1e-5)
 
 
 def test_warm_start_early_stop_and_api(tok, small_env):
@@ -73,7 +78,8 @@ def test_warm_start_early_stop_and_api(tok, small_env):
 
 @pytest.mark.parametrize("field,value", [("steps", 0), ("batch_size", 0), ("epsilon", 1.5),
                                          ("learning_rate", 0.0), ("attention", "flash"),
-                                         ("hard_fraction", 1.5), ("stop_window", 0)])
+                                         ("hard_fraction", 1.5), ("stop_window", 0),
+                                         ("hard_turn_weight", 0.0)])
 def test_bad_config_names_the_field(tok, small_env, field, value):
   c = _config(**{field: value})
   with pytest.raises(ValueError, match=f"warmstart.{field}"):

@@ -75,3 +75,19 @@ def test_noisy_expert_distractors_and_mask(tok, env):
     for r, want, nz in zip(d.rows[i], d.intended[i], d.noisy[i]):
       if nz:   # a distractor has the kind of the intended reply but other content
         assert texts[r][:8] == texts[want][:8] and texts[r] != texts[want]
+
+
+def test_a_turn_weight_needs_an_expert_that_knows_hard_turns(tok, env):
+  """The tool-call expert has no `hard(state)`: warmstart.hard_turn_weight != 1 is refused in one
+  line before any demo is generated."""
+  from flax import nnx
+
+  from tree_rl import config as config_lib
+  from tree_rl.models import Transformer
+  from tree_rl.models.config import tiny
+  c = config_lib.base_config()
+  c.warmstart.hard_turn_weight = 2.0
+  model = Transformer(tiny(tok.vocab_size), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="warmstart.hard_turn_weight=2.0 needs an on-device expert "
+                                       "with hard"):
+    warmstart.warm_start(c.warmstart, model, tok, env, jax.random.key(0), env_name="toolcall")

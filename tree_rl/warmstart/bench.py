@@ -69,6 +69,8 @@ def main(argv=None):
   ap.add_argument("--loss_on_noise", action="store_true", help="also train on the noisy moves")
   ap.add_argument("--hard_fraction", type=float, default=0.0,
                   help="share of demos starting where the move needs the state read (Expert.hard)")
+  ap.add_argument("--hard_turn_weight", type=float, default=1.0,
+                  help="loss weight of replies on turns where the move needs the state read")
   ap.add_argument("--learning_rate", type=float, default=3e-3)
   ap.add_argument("--warmup_steps", type=int, default=20)
   ap.add_argument("--eval_every", type=int, default=25)
@@ -81,7 +83,7 @@ def main(argv=None):
   c.env.name, c.env.preset, c.model.preset = args.env, args.preset, args.model
   c.env.goal_hint, c.env.local_view = args.goal_hint, args.local_view
   for k in ("steps", "batch_size", "max_len", "num_demos", "epsilon", "learning_rate",
-            "warmup_steps", "eval_every", "loss_on_noise", "hard_fraction"):
+            "warmup_steps", "eval_every", "loss_on_noise", "hard_fraction", "hard_turn_weight"):
     c.warmstart[k] = getattr(args, k)
   w = c.warmstart
   warmstart.validate(w)
@@ -91,7 +93,8 @@ def main(argv=None):
   key = jax.random.key(args.seed)
   k_demo, k_eval, k_train = jax.random.split(key, 3)
   gen = warmstart.DemoGenerator(env, tok, warmstart.make_expert(args.env, env, w.epsilon),
-                                max_len=w.max_len, loss_on_noise=w.loss_on_noise)
+                                max_len=w.max_len, loss_on_noise=w.loss_on_noise,
+                                hard_turn_weight=w.hard_turn_weight)
   eval_gen = warmstart.DemoGenerator(env, tok, warmstart.make_expert(args.env, env, 0.0),
                                      max_len=args.eval_max_len)
   t0 = time.perf_counter()
@@ -122,7 +125,8 @@ def main(argv=None):
              demo_success=float(demos.success.mean()), demo_tokens=float(demos.length.mean()),
              demo_truncated=float(demos.truncated.mean()), demo_seconds=round(demo_s, 1),
              train_seconds=round(train_s, 1), step_ms=round(1000 * train_s / w.steps, 1),
-             hard_fraction=w.hard_fraction, loss_on_noise=w.loss_on_noise,
+             hard_fraction=w.hard_fraction, hard_turn_weight=w.hard_turn_weight,
+             loss_on_noise=w.loss_on_noise,
              eval_cases=None if cases is None else {c: int(np.sum(cases == i)) for i, c in enumerate(CASES)},
              curve=rows)
   print(json.dumps(out))

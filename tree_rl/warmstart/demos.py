@@ -4,8 +4,10 @@ An episode becomes one token sequence of fixed capacity `max_len`:
 
     prompt | reply_1 obs_1 | reply_2 obs_2 | ... | reply_n
 
-Replies (the expert's text + end-of-turn token) get loss mask 1, prompt and observation tokens 0;
-with `loss_on_noise=False` the noisy replies get 0 too (their tokens stay in the context).
+Replies (the expert's text + end-of-turn token) get loss weight 1, prompt and observation tokens
+0; with `loss_on_noise=False` the noisy replies get 0 too (their tokens stay in the context).
+With `hard_turn_weight` w, the replies of turns taken where the right move needs the state read
+(`Expert.hard` of the turn's state) weigh w instead of 1.
 Tokens past `max_len` are dropped (`truncated`). The observation after the last turn is left out.
 """
 
@@ -25,7 +27,8 @@ from tree_rl.warmstart.experts import Expert
 @struct.dataclass
 class Demos:
   tokens: jax.Array        # int32[N, L] padded with the tokenizer's pad id
-  loss_mask: jax.Array     # float32[N, L] 1 on trained reply tokens
+  loss_mask: jax.Array     # float32[N, L] the loss weight: 1 (or hard_turn_weight) on trained
+                           # reply tokens, 0 elsewhere
   reply_mask: jax.Array    # bool[N, L] every reply token (trained or not)
   length: jax.Array        # int32[N] tokens kept
   prompt_len: jax.Array    # int32[N]
@@ -67,12 +70,15 @@ def _span(size, start, n):
   return (pos >= start) & (pos < start + n)
 
 
+def _hard(expert, state) -> jax.Array:
+  return expert.hard(state) if hasattr(expert, "hard") else jnp.bool_(False)
+
+
 def episode(env, expert: Expert, table: ReplyTable, key, params, *, max_len: int, max_turns: int,
-            pad_id: int, loss_on_noise: bool) -> Demos:
+            pad_id: int, loss_on_noise: bool, hard_turn_weight: float = 1.0) -> Demos:
   """One demonstration episode (unbatched); vmap over keys for a batch."""
   k_reset, k_run = jax.random.split(key)
   state, _ = env.reset(k_reset, params)
-  hard = expert.hard(state) if hasattr(expert, "hard") else jnp.bool_(False)
   prompt, plen = env.initial_prompt_tokens(state, params)
   tokens = _write(jnp.full((max_len,), pad_id, jnp.int32), 0, prompt, plen)
   zeros = jnp.zeros((max_len,), bool)
@@ -89,7 +95,8 @@ def episode(env, expert: Expert, table: ReplyTable, key, params, *, max_len: int
     tokens = _write(tokens, pos, rtoks, rlen)
     span = _span(max_len, pos, rlen)
     reply = reply | span
-    train = train | (span & (loss_on_noise | ~noisy))
+    weight = jnp.where(_hard(expert, state), jnp.float32(hard_turn_weight), jnp.float32(1.0))
+    train = jnp.where(span & (loss_on_noise | ~noisy), weight, train)
     pos = pos + rlen
     obs, olen = env.observation_tokens(new, True, params)
     olen = jnp.where(active & ~done, olen, 0)
@@ -98,10 +105,12 @@ def episode(env, expert: Expert, table: ReplyTable, key, params, *, max_len: int
     out = (jnp.where(active, row, -1), jnp.where(active, intended, -1), active & noisy)
     return (new, tokens, train, reply, pos, ret + jnp.where(active, r, 0.0)), out
 
-  init = (state, tokens, zeros, zeros, plen.astype(jnp.int32), jnp.float32(0))
+  init = (state, tokens, jnp.zeros((max_len,), jnp.float32), zeros, plen.astype(jnp.int32),
+          jnp.float32(0))
+  hard = _hard(expert, state)
   (state, tokens, train, reply, pos, ret), (rows, intended, noisy) = jax.lax.scan(
       turn, init, jax.random.split(k_run, max_turns))
-  return Demos(tokens=tokens, loss_mask=train.astype(jnp.float32), reply_mask=reply,
+  return Demos(tokens=tokens, loss_mask=train, reply_mask=reply,
                length=jnp.minimum(pos, max_len), prompt_len=jnp.minimum(plen, max_len).astype(jnp.int32),
                rows=rows, intended=intended, noisy=noisy, turns=state.turns.astype(jnp.int32),
                reward=ret, success=expert.success(state), truncated=pos > max_len, hard=hard)
@@ -111,7 +120,7 @@ class DemoGenerator:
   """`gen(key, num_episodes) -> Demos`, jitted once per episode count."""
 
   def __init__(self, env, tokenizer, expert: Expert, *, max_len: int, loss_on_noise: bool = False,
-               params: Any = None):
+               hard_turn_weight: float = 1.0, params: Any = None):
     if max_len < 2:
       raise ValueError(f"warmstart.max_len must be >= 2, got {max_len}")
     self.env, self.expert, self.tokenizer = env, expert, tokenizer
@@ -121,7 +130,7 @@ class DemoGenerator:
     self.max_len = max_len
     self._one = lambda key, params: episode(
         env, expert, self.table, key, params, max_len=max_len, max_turns=self.max_turns,
-        pad_id=tokenizer.pad_id, loss_on_noise=loss_on_noise)
+        pad_id=tokenizer.pad_id, loss_on_noise=loss_on_noise, hard_turn_weight=hard_turn_weight)
     self._batch = light_jit(lambda key, n, params: jax.vmap(self._one, in_axes=(0, None))(
         jax.random.split(key, n), params), static_argnums=(1,))
 

@@ -40,6 +40,8 @@ def validate(w) -> None:
                      f"got {w.grad_clip}, {w.weight_decay}")
   if not 0.0 <= float(w.hard_fraction) <= 1.0:
     raise ValueError(f"warmstart.hard_fraction must be in [0, 1], got {w.hard_fraction}")
+  if not float(w.hard_turn_weight) > 0:
+    raise ValueError(f"warmstart.hard_turn_weight must be > 0, got {w.hard_turn_weight}")
   if w.attention not in ATTENTION:
     raise ValueError(f"warmstart.attention={w.attention!r}; known: {ATTENTION}")
   if int(w.stop_window) < 1:
@@ -61,8 +63,8 @@ def make_optimizer(w) -> optax.GradientTransformation:
 
 
 def sft_loss(model, rows: SFTRows, attention: str = "auto"):
-  """(mean negative log-likelihood of the masked tokens, number of masked tokens); packed rows
-  attend within each demo, at its own positions."""
+  """(negative log-likelihood of the trained tokens, averaged with their `loss_mask` weights;
+  the weights' sum); packed rows attend within each demo, at its own positions."""
   logp, _ = sequence_logprobs(model, rows.tokens, positions=rows.positions,
                               attention_mask=rows.attention_mask(), attention=attention)
   n = jnp.sum(rows.loss_mask)
@@ -179,8 +181,16 @@ def warm_start(w, model: nnx.Module, tokenizer, env, key: jax.Array, *, env_name
   expert = make_expert(env_name, env, w.epsilon)
   from tree_rl.envs.host import is_host_env
   from tree_rl.warmstart.host_demos import HostDemoGenerator
-  make = HostDemoGenerator if is_host_env(env) else DemoGenerator   # a host env plays its expert on the host
-  gen = make(env, tokenizer, expert, max_len=int(w.max_len), loss_on_noise=bool(w.loss_on_noise))
+  weight = float(w.hard_turn_weight)
+  if weight != 1.0 and (is_host_env(env) or not hasattr(expert, "hard")):
+    raise ValueError(f"warmstart.hard_turn_weight={weight} needs an on-device expert with "
+                     f"hard(state); {type(expert).__name__} of env {env_name!r} has none")
+  if is_host_env(env):   # a host env plays its expert on the host
+    gen = HostDemoGenerator(env, tokenizer, expert, max_len=int(w.max_len),
+                            loss_on_noise=bool(w.loss_on_noise))
+  else:
+    gen = DemoGenerator(env, tokenizer, expert, max_len=int(w.max_len),
+                        loss_on_noise=bool(w.loss_on_noise), hard_turn_weight=weight)
   k_demo, k_train = _split2(key)
   demos: Demos = draw_demos(gen, expert, k_demo, int(w.num_demos), float(w.hard_fraction))
   if not np.asarray(demos.loss_mask).any():
