@@ -252,3 +252,18 @@ def test_hard_turn_weight_weighs_the_replies_of_turns_next_to_a_hole(tok):
       assert weights[k, 0] == want, (i, k, pieces[k])
       hard_turns += want == 3.0
   assert 0 < hard_turns < int(d.turns.sum())
+
+
+def test_a_turn_weight_leaves_untrained_noisy_replies_at_zero(tok):
+  """With loss_on_noise=False a noisy reply weighs 0 whatever its turn; the trained ones weigh
+  1 or 3 exactly where the unweighted demos train."""
+  env = envs.make("frozenlake", preset="rllm_small", tokenizer=tok, goal_hint=True)
+  expert = warmstart.make_expert("frozenlake", env, 0.4)
+  plain = _np(warmstart.DemoGenerator(env, tok, expert, max_len=1024)(jax.random.key(6), 48))
+  d = _np(warmstart.DemoGenerator(env, tok, expert, max_len=1024, hard_turn_weight=3.0)(
+      jax.random.key(6), 48))
+  assert d.noisy.any()
+  np.testing.assert_array_equal(d.loss_mask > 0, plain.loss_mask > 0)
+  noisy_tokens = d.reply_mask & (plain.loss_mask == 0)
+  assert noisy_tokens.any() and (d.loss_mask[noisy_tokens] == 0).all()
+  assert set(np.unique(d.loss_mask[plain.loss_mask > 0])) == {1.0, 3.0}

@@ -79,7 +79,7 @@ def test_warm_start_early_stop_and_api(tok, small_env):
 @pytest.mark.parametrize("field,value", [("steps", 0), ("batch_size", 0), ("epsilon", 1.5),
                                          ("learning_rate", 0.0), ("attention", "flash"),
                                          ("hard_fraction", 1.5), ("stop_window", 0),
-                                         ("hard_turn_weight", 0.0)])
+                                         ("hard_turn_weight", 0.0), ("hard_turn_weight", float("inf"))])
 def test_bad_config_names_the_field(tok, small_env, field, value):
   c = _config(**{field: value})
   with pytest.raises(ValueError, match=f"warmstart.{field}"):

@@ -123,6 +123,9 @@ class DemoGenerator:
                hard_turn_weight: float = 1.0, params: Any = None):
     if max_len < 2:
       raise ValueError(f"warmstart.max_len must be >= 2, got {max_len}")
+    if hard_turn_weight != 1.0 and not hasattr(expert, "hard"):
+      raise ValueError(f"warmstart.hard_turn_weight={hard_turn_weight} needs an expert with "
+                       f"hard(state); {type(expert).__name__} has none")
     self.env, self.expert, self.tokenizer = env, expert, tokenizer
     self.params = env.default_params if params is None else params
     self.table = ReplyTable(expert, tokenizer, getattr(env, "max_reply_tokens", 1))

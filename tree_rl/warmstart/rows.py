@@ -18,7 +18,7 @@ from flax import struct
 @struct.dataclass
 class SFTRows:
   tokens: jax.Array                  # int32[R, L]
-  loss_mask: jax.Array               # float32[R, L] 1 on trained reply tokens
+  loss_mask: jax.Array               # float32[R, L] loss weights: > 0 on trained reply tokens
   positions: jax.Array | None = None  # int32[R, L] position within its demo (packed rows only)
   segments: jax.Array | None = None   # int32[R, L] 1.. the demo within the row, 0 padding
 

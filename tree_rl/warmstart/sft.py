@@ -40,7 +40,7 @@ def validate(w) -> None:
                      f"got {w.grad_clip}, {w.weight_decay}")
   if not 0.0 <= float(w.hard_fraction) <= 1.0:
     raise ValueError(f"warmstart.hard_fraction must be in [0, 1], got {w.hard_fraction}")
-  if not float(w.hard_turn_weight) > 0:
+  if not (float(w.hard_turn_weight) > 0 and np.isfinite(float(w.hard_turn_weight))):
     raise ValueError(f"warmstart.hard_turn_weight must be > 0, got {w.hard_turn_weight}")
   if w.attention not in ATTENTION:
     raise ValueError(f"warmstart.attention={w.attention!r}; known: {ATTENTION}")
@@ -68,7 +68,7 @@ def sft_loss(model, rows: SFTRows, attention: str = "auto"):
   logp, _ = sequence_logprobs(model, rows.tokens, positions=rows.positions,
                               attention_mask=rows.attention_mask(), attention=attention)
   n = jnp.sum(rows.loss_mask)
-  return -jnp.sum(logp * rows.loss_mask) / jnp.maximum(n, 1.0), n
+  return -jnp.sum(logp * rows.loss_mask) / jnp.where(n > 0, n, 1.0), n
 
 
 class SFTTrainer:
