@@ -145,6 +145,9 @@ def test_demos_with_a_reply_longer_than_a_turn_are_refused():
   try:
     with pytest.raises(ValueError, match="raise config.rollout.max_tokens_per_turn"):
       HostDemoGenerator(env, TOK, CodefixExpert(0.0), max_len=1024)(jax.random.key(0), 2)
+    # a plan expert says nothing of hard turns: a turn weight is refused before any episode
+    with pytest.raises(ValueError, match="hard_turn_weight=2.0 needs an on-device expert"):
+      HostDemoGenerator(env, TOK, CodefixExpert(0.0), max_len=1024, hard_turn_weight=2.0)
     assert env.sandbox.live() == []
   finally:
     env.close()

@@ -91,6 +91,6 @@ def test_a_turn_weight_needs_an_expert_that_knows_hard_turns(tok, env):
   with pytest.raises(ValueError, match="warmstart.hard_turn_weight=2.0 needs an on-device expert "
                                        "with hard"):
     warmstart.warm_start(c.warmstart, model, tok, env, jax.random.key(0), env_name="toolcall")
-  with pytest.raises(ValueError, match="hard_turn_weight=2.0 needs an expert with hard"):
+  with pytest.raises(ValueError, match="hard_turn_weight=2.0 needs an on-device expert with hard"):
     warmstart.DemoGenerator(env, tok, warmstart.make_expert("toolcall", env, 0.0), max_len=64,
                             hard_turn_weight=2.0)

@@ -79,6 +79,7 @@ def episode(env, expert: Expert, table: ReplyTable, key, params, *, max_len: int
   """One demonstration episode (unbatched); vmap over keys for a batch."""
   k_reset, k_run = jax.random.split(key)
   state, _ = env.reset(k_reset, params)
+  hard = _hard(expert, state)
   prompt, plen = env.initial_prompt_tokens(state, params)
   tokens = _write(jnp.full((max_len,), pad_id, jnp.int32), 0, prompt, plen)
   zeros = jnp.zeros((max_len,), bool)
@@ -107,7 +108,6 @@ def episode(env, expert: Expert, table: ReplyTable, key, params, *, max_len: int
 
   init = (state, tokens, jnp.zeros((max_len,), jnp.float32), zeros, plen.astype(jnp.int32),
           jnp.float32(0))
-  hard = _hard(expert, state)
   (state, tokens, train, reply, pos, ret), (rows, intended, noisy) = jax.lax.scan(
       turn, init, jax.random.split(k_run, max_turns))
   return Demos(tokens=tokens, loss_mask=train, reply_mask=reply,
@@ -124,8 +124,8 @@ class DemoGenerator:
     if max_len < 2:
       raise ValueError(f"warmstart.max_len must be >= 2, got {max_len}")
     if hard_turn_weight != 1.0 and not hasattr(expert, "hard"):
-      raise ValueError(f"warmstart.hard_turn_weight={hard_turn_weight} needs an expert with "
-                       f"hard(state); {type(expert).__name__} has none")
+      raise ValueError(f"warmstart.hard_turn_weight={hard_turn_weight} needs an on-device expert "
+                       f"with hard(state); {type(expert).__name__} has none")
     self.env, self.expert, self.tokenizer = env, expert, tokenizer
     self.params = env.default_params if params is None else params
     self.table = ReplyTable(expert, tokenizer, getattr(env, "max_reply_tokens", 1))

@@ -21,9 +21,13 @@ from tree_rl.warmstart.demos import Demos
 class HostDemoGenerator:
   """`gen(key, num_episodes) -> Demos` for a `tree_rl.envs.host.HostEnv` with a plan expert."""
 
-  def __init__(self, env, tokenizer, expert, *, max_len: int, loss_on_noise: bool = False):
+  def __init__(self, env, tokenizer, expert, *, max_len: int, loss_on_noise: bool = False,
+               hard_turn_weight: float = 1.0):
     if max_len < 2:
       raise ValueError(f"warmstart.max_len must be >= 2, got {max_len}")
+    if hard_turn_weight != 1.0:   # a plan expert does not say which turns are hard
+      raise ValueError(f"warmstart.hard_turn_weight={hard_turn_weight} needs an on-device expert "
+                       f"with hard(state); a host env's plan expert has none")
     self.env, self.tokenizer, self.expert = env, tokenizer, expert
     self.max_len, self.loss_on_noise = int(max_len), bool(loss_on_noise)
     self.max_turns = env.max_turns

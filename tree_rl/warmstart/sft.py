@@ -181,16 +181,9 @@ def warm_start(w, model: nnx.Module, tokenizer, env, key: jax.Array, *, env_name
   expert = make_expert(env_name, env, w.epsilon)
   from tree_rl.envs.host import is_host_env
   from tree_rl.warmstart.host_demos import HostDemoGenerator
-  weight = float(w.hard_turn_weight)
-  if weight != 1.0 and (is_host_env(env) or not hasattr(expert, "hard")):
-    raise ValueError(f"warmstart.hard_turn_weight={weight} needs an on-device expert with "
-                     f"hard(state); {type(expert).__name__} of env {env_name!r} has none")
-  if is_host_env(env):   # a host env plays its expert on the host
-    gen = HostDemoGenerator(env, tokenizer, expert, max_len=int(w.max_len),
-                            loss_on_noise=bool(w.loss_on_noise))
-  else:
-    gen = DemoGenerator(env, tokenizer, expert, max_len=int(w.max_len),
-                        loss_on_noise=bool(w.loss_on_noise), hard_turn_weight=weight)
+  make = HostDemoGenerator if is_host_env(env) else DemoGenerator   # a host env plays its expert on the host
+  gen = make(env, tokenizer, expert, max_len=int(w.max_len), loss_on_noise=bool(w.loss_on_noise),
+             hard_turn_weight=float(w.hard_turn_weight))
   k_demo, k_train = _split2(key)
   demos: Demos = draw_demos(gen, expert, k_demo, int(w.num_demos), float(w.hard_fraction))
   if not np.asarray(demos.loss_mask).any():
