@@ -126,15 +126,19 @@ def _effect_cell(r: dict) -> str:
 
 
 def verdict_table(assessed: list[dict]) -> list[str]:
-  """One row per claim's primary comparison: the effect, its 95% t-interval and MDE at n
-  seeds, the comparison's verdict, and the claim's verdict on the claim's first row."""
+  """One row per claim's primary comparison: the effect, its 95% t-interval, its MDE at n
+  seeds (and projected to `stats.PLANNED_SEEDS`), the comparison's verdict, and the claim's
+  verdict on the claim's first row."""
   lines = ["| claim | verdict | comparison | measure | claimed | effect [95% t-interval] | "
-           "MDE (n) | comparison's verdict |", "|---|---|---|---|---|---|---|---|"]
+           f"MDE (n seeds; projected to {stats.PLANNED_SEEDS}) | comparison's verdict |",
+           "|---|---|---|---|---|---|---|---|"]
   for a in assessed:
     first = f"{a['claim'].key}. {a['claim'].title}", f"**{a['verdict']}**"
     for r in (r for r in a["results"] if r["comparison"].primary):
       c = r["comparison"]
       mde = "–" if r["n"] == 0 else f"{amount(r['mde'], c.unit, sign=False)} ({r['n']})"
+      if r["n"] and r["n"] != stats.PLANNED_SEEDS:
+        mde += f"; {amount(r['mde_planned'], c.unit, sign=False)} ({stats.PLANNED_SEEDS})"
       lines.append(f"| {first[0]} | {first[1]} | {_subject(c)} | {_measure(c)} | {_claimed(c)} | "
                    f"{_effect_cell(r)} | {mde} | {r['verdict']} |")
       first = "", ""
@@ -155,6 +159,7 @@ VERDICT_RULES = (
     f"cumulative spent budget are secondary (in parentheses). MDE: the smallest true effect a "
     f"two-sided 5% t-test finds with 80% power at this many seeds, (t_(0.975, n-1) + "
     f"t_(0.80, n-1)) x sd / sqrt(n): {stats.mde_multiplier(3):.2f} x sd / sqrt(3), "
-    f"{stats.mde_multiplier(5):.2f} x sd / sqrt(5). The percentile bootstrap interval over seeds "
+    f"{stats.mde_multiplier(5):.2f} x sd / sqrt(5); with fewer than {stats.PLANNED_SEEDS} seeds the "
+    f"verdict table also projects it to {stats.PLANNED_SEEDS} at the sd they show. The percentile bootstrap interval over seeds "
     f"is shown beside for reference only: with normal data it covers the mean about 75% of the "
     f"time at 3 seeds and 85% at 5.")

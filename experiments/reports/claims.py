@@ -134,7 +134,8 @@ def warm_start_mismatch(runs: dict, a: str, b: str, seeds) -> list:
 
 
 def evaluate(runs: dict, c: Comparison) -> dict:
-  """mean, low, high (Student-t), boot_low, boot_high (bootstrap), mde, n, seeds, verdict (and
+  """mean, low, high (Student-t), boot_low, boot_high (bootstrap), mde (at n seeds and,
+  `mde_planned`, at `stats.PLANNED_SEEDS`), n, seeds, verdict (and
   `missing` methods, `mismatch` seeds, `read_at` for a matched comparison)."""
   missing = [m for m in (c.a, c.b) if m not in runs]
   if missing:
@@ -150,6 +151,7 @@ def evaluate(runs: dict, c: Comparison) -> dict:
   return dict(comparison=c, missing=[], seeds=seeds, n=len(seeds), mean=mean, low=low,
               high=high, boot_low=boot_low, boot_high=boot_high,
               mde=stats.min_detectable_effect(values), values=values,
+              mde_planned=stats.min_detectable_effect(values, seeds=stats.PLANNED_SEEDS),
               verdict=stats.UNSURE if few else stats.verdict(low, high, c.kind, c.margin, c.at),
               note=f"{len(seeds)} seed{'s' * (len(seeds) > 1)}, a verdict needs "
                    f"{stats.MIN_SEEDS}" if few else "",

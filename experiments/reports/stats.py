@@ -35,6 +35,9 @@ HOLDS, FAILS, UNSURE, NOT_RUN = "holds", "does not hold", "inconclusive", "not r
 # Fewest seeds for a verdict other than inconclusive: with 2, t_{0.975,1} = 12.7 makes any
 # interval uninformative, and the bootstrap's is the range of two values.
 MIN_SEEDS = 3
+# The seeds a reproduction plans (`experiments.sweeps.report.REPRODUCTION_SEEDS`): a report
+# projects each MDE to this many seeds at the sd its seeds show.
+PLANNED_SEEDS = 5
 LEVEL = 0.95
 # (direction, offset of the bound from `at` in units of `margin`)
 KINDS = {"greater": (">", 0), "not_less": (">", -1), "less": ("<", 0),
@@ -90,13 +93,16 @@ def mde_multiplier(n: int, alpha: float = 0.05, power: float = 0.8) -> float:
   return t_quantile(1 - alpha / 2, n - 1) + t_quantile(power, n - 1)
 
 
-def min_detectable_effect(values, alpha: float = 0.05, power: float = 0.8) -> float:
+def min_detectable_effect(values, alpha: float = 0.05, power: float = 0.8,
+                          seeds: int | None = None) -> float:
   """mde_multiplier(n) x sd(values, ddof=1) / sqrt(n): the smallest true mean effect a
-  two-sided t-test at `alpha` detects with probability `power`; nan for fewer than two seeds."""
+  two-sided t-test at `alpha` detects with probability `power`; nan for fewer than two seeds.
+  `seeds` projects it to that many seeds at the sd these values show (n = seeds)."""
   x = _finite(values)
   if x.size < 2:
     return math.nan
-  return float(mde_multiplier(x.size, alpha, power) * x.std(ddof=1) / math.sqrt(x.size))
+  n = x.size if seeds is None else seeds
+  return float(mde_multiplier(n, alpha, power) * x.std(ddof=1) / math.sqrt(n))
 
 
 def bound(kind: str, margin: float = 0.05, at: float = 0.0) -> tuple[str, float]:

@@ -5,9 +5,10 @@ import math
 
 import pytest
 
-from experiments.reports.stats import (FAILS, HOLDS, NOT_RUN, UNSURE, combine, mde_multiplier,
-                                       min_detectable_effect, paired_bootstrap, t_interval,
-                                       t_quantile, verdict)
+from experiments.reports.stats import (FAILS, HOLDS, NOT_RUN, PLANNED_SEEDS, UNSURE, combine,
+                                       mde_multiplier, min_detectable_effect, paired_bootstrap,
+                                       t_interval, t_quantile, verdict)
+from experiments.sweeps import report
 
 # Per-seed effects -0.02 .. -0.06: mean -0.04, sd sqrt(0.001 / 4) = 0.0158114, n = 5;
 # half-width t_{0.975,4} x sd / sqrt(5) = 2.776445 x 0.00707107 = 0.0196324.
@@ -72,6 +73,13 @@ def test_minimal_detectable_effect_by_hand():
   assert min_detectable_effect([1.0, 2.0, 3.0]) == pytest.approx(5.363313 / math.sqrt(3))
   assert min_detectable_effect(WORSE) == pytest.approx(3.717410 * HALF / 2.776445)
   assert math.isnan(min_detectable_effect([0.5]))
+  # projected to 5 seeds at the sd of 3: 3.717410 x 1 / sqrt(5)
+  assert min_detectable_effect([1.0, 2.0, 3.0], seeds=5) == pytest.approx(3.717410 / math.sqrt(5))
+  assert math.isnan(min_detectable_effect([0.5], seeds=5))
+
+
+def test_the_projection_plans_the_reproductions_seeds():
+  assert PLANNED_SEEDS == len(report.REPRODUCTION_SEEDS)
 
 
 @pytest.mark.parametrize("shift, kind, want", [
