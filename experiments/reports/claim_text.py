@@ -106,12 +106,12 @@ def section(assessed: dict) -> list[str]:
             *[_row(r) for r in assessed["results"]]]
   if matched_note(assessed):
     lines += ["", matched_note(assessed)]
-  mismatched = [(r, r["mismatch"]) for r in assessed["results"] if r.get("mismatch")]
-  for r, seeds in mismatched:
-    if r["comparison"].primary:
-      lines.append(f"\nSeeds {seeds} of {_subject(r['comparison'])} started from different "
-                   "warm starts (step-0 parameters, or step-0 evals where a summary has no "
-                   "digest): their pairing is loose.")
+  mismatched = {_subject(r["comparison"]): r["mismatch"] for r in assessed["results"]
+                if r.get("mismatch") and r["comparison"].primary}   # one line per pair of arms
+  for subject, seeds in mismatched.items():
+    lines.append(f"\nSeeds {seeds} of {subject} started from different warm starts (step-0 "
+                 "parameters, or step-0 evals where a summary has no digest): their pairing "
+                 "is loose.")
   return lines + [""]
 
 

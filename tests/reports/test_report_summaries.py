@@ -136,3 +136,19 @@ def test_pairing_reads_digests_before_step_0_evals():
   assert claims.warm_start_mismatch(runs, "tree_grpo", "grpo", [0]) == [0]  # same success
   b["evals"][0]["eval/greedy_mean_turns"] = None    # not logged by one: not compared
   assert claims.warm_start_mismatch(runs, "tree_grpo", "grpo", [0]) == []
+
+
+def test_a_loose_pair_is_named_once_per_pair_of_arms():
+  from report_fixtures import summary
+  from experiments.reports import claim_text, claims
+  runs = {m: {s: summary(m, s, 0.5, 0.6 + 0.01 * s + 0.02 * (m == "patr"))
+              for s in range(3)} for m in ("patr", "tree_random", "grpo")}
+  for s in range(3):     # seed 1's PATR run started from a recomputed warm start
+    for m in runs:
+      runs[m][s]["warm_start_digest"] = "0123456789abcdef"
+  runs["patr"][1]["warm_start_digest"] = "fedcba9876543210"
+  claim = next(c for c in claims.claims_for("frozenlake") if c.key == "a")
+  text = "\n".join(claim_text.section(claims.assess(runs, claim)))
+  # PATR - Tree-Random has two primary rows (the mean over the RL steps, the last eval)
+  assert text.count("Seeds [1] of PATR - Tree-Random started from different warm starts") == 1
+  assert "of Tree-Random - chain GRPO started" not in text
