@@ -41,6 +41,21 @@ def _check_shipped_policy(config) -> None:
          f"{', '.join(differ)}; set --config.warmstart.from_scratch=true to run the SFT instead")
 
 
+def _check_demo_weights(config) -> None:
+  """`warmstart.hard_turn_weight` != 1 and `hard_fraction` > 0 read the expert's `hard(state)`:
+  an expert class registered without one is refused before any model is built (an expert
+  made by a factory function is checked when the warm start builds it)."""
+  w = config.warmstart
+  if not w.enabled or (float(w.hard_turn_weight) == 1.0 and float(w.hard_fraction) == 0.0):
+    return
+  entry = envs.entry(config.env.name)
+  expert = entry.part("expert") if entry.expert is not None else None
+  _check(not isinstance(expert, type) or hasattr(expert, "hard"),
+         f"config.warmstart.hard_turn_weight={w.hard_turn_weight} and hard_fraction="
+         f"{w.hard_fraction} need an expert with hard(state); env {config.env.name!r}'s "
+         f"{getattr(expert, '__name__', '')} has none: set them to 1 and 0")
+
+
 def validate(config, *, engine=None, layout=None) -> None:
   """Check names against their registries and budgets against capacities.
 
@@ -87,6 +102,7 @@ def validate(config, *, engine=None, layout=None) -> None:
   _check(config.warmstart.attention in LEARNER_ATTENTION,
          f"config.warmstart.attention={config.warmstart.attention!r}; known: {LEARNER_ATTENTION}")
   _check_shipped_policy(config)
+  _check_demo_weights(config)
   if int(r.budget) > 0:
     calls = int(config.env.max_calls) if "max_calls" in envs.entry(config.env.name).config_fields else None
     one = trajectory_cost(r.budget_unit, max_turns=int(r.max_turns),

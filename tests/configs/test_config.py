@@ -146,6 +146,19 @@ def test_every_field_is_checked_before_compute_naming_it(override, message):
     validate(c)
 
 
+@pytest.mark.parametrize("field, value", [("hard_turn_weight", 2.0), ("hard_fraction", 0.5)])
+def test_demo_weights_without_an_expert_hard_are_refused_before_compute(field, value):
+  from tree_rl.validation import ConfigError, validate
+  c = toolcall.get_config("algo=chain,smoke")   # ToolCallExpert has no hard(state)
+  c.warmstart[field] = value
+  with pytest.raises(ConfigError, match=rf"need an expert with hard\(state\); env 'toolcall'"
+                                        rf"'s ToolCallExpert has none"):
+    validate(c)
+  f = frozenlake.get_config("algo=chain,smoke")   # FrozenLakeExpert has one
+  f.warmstart[field] = value
+  validate(f)
+
+
 @pytest.mark.parametrize("seed", [-1, 2**31])
 def test_a_seed_outside_the_key_range_is_refused(seed):
   from tree_rl.validation import ConfigError, validate
