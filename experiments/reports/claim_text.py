@@ -159,7 +159,7 @@ VERDICT_RULES = (
     f"cumulative spent budget are secondary (in parentheses). MDE: the smallest true effect a "
     f"two-sided 5% t-test finds with 80% power at this many seeds, (t_(0.975, n-1) + "
     f"t_(0.80, n-1)) x sd / sqrt(n): {stats.mde_multiplier(3):.2f} x sd / sqrt(3), "
-    f"{stats.mde_multiplier(5):.2f} x sd / sqrt(5); with fewer than {stats.PLANNED_SEEDS} seeds the "
-    f"verdict table also projects it to {stats.PLANNED_SEEDS} at the sd they show. The percentile bootstrap interval over seeds "
-    f"is shown beside for reference only: with normal data it covers the mean about 75% of the "
-    f"time at 3 seeds and 85% at 5.")
+    f"{stats.mde_multiplier(5):.2f} x sd / sqrt(5); with fewer than {stats.PLANNED_SEEDS} "
+    f"seeds the verdict table also projects it to {stats.PLANNED_SEEDS} at the sd they show. "
+    f"The percentile bootstrap interval over seeds is shown beside for reference only: with "
+    f"normal data it covers the mean about 75% of the time at 3 seeds and 85% at 5.")

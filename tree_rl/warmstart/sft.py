@@ -181,7 +181,8 @@ def warm_start(w, model: nnx.Module, tokenizer, env, key: jax.Array, *, env_name
   expert = make_expert(env_name, env, w.epsilon)
   from tree_rl.envs.host import is_host_env
   from tree_rl.warmstart.host_demos import HostDemoGenerator
-  make = HostDemoGenerator if is_host_env(env) else DemoGenerator   # a host env plays its expert on the host
+  # a host env plays its expert on the host
+  make = HostDemoGenerator if is_host_env(env) else DemoGenerator
   gen = make(env, tokenizer, expert, max_len=int(w.max_len), loss_on_noise=bool(w.loss_on_noise),
              hard_turn_weight=float(w.hard_turn_weight))
   k_demo, k_train = _split2(key)
